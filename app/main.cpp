@@ -1,0 +1,40 @@
+// titan-train: parse, build, run; maps user errors to exit status 2.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "app/commands.h"
+#include "core/config.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "parallel/launch_env.h"
+
+int main(int argc, char** argv) {
+  using namespace titan;
+  try {
+    if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--print-config-reference") == 0) {
+        std::printf("%s", config_reference_markdown().c_str());
+        return 0;
+      }
+    }
+    CliResult cli = parse_command_line(argc, argv);
+    if (cli.show_help) {
+      std::printf("%s", config_help_text().c_str());
+      return 0;
+    }
+    LaunchEnv launch = detect_launch_env();
+    log_set_rank(launch.rank);
+    for (auto& w : cli.warnings) log_warn(w);
+    validate_config(cli.cfg, launch.world_size);
+    if (cli.dump_config) {
+      std::printf("%s", dump_config_toml(cli.cfg).c_str());
+      return 0;
+    }
+    return run_train_command(cli.cfg, launch);
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "titan-train: error: %s\n", e.what());
+    return kExitUserError;
+  }
+}

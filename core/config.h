@@ -1,0 +1,230 @@
+// Typed job configuration and the one option registry it is bound to.
+//
+// Every option is declared once, in config.cpp's registry: name, type, default, help and
+// allowed values. TOML loading, command-line overrides, --help, --dump-config, the README
+// reference and validation are all derived from that table. The rest of the program reads
+// the typed JobConfig below and never looks options up by string.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace titan {
+
+struct JobSection {
+  std::string config_file;
+  std::string dump_folder;
+  std::string description;
+  bool use_for_integration_test = false;
+  bool print_args = false;
+};
+
+struct ModelSection {
+  std::string name;
+  std::string flavor;
+  std::string hf_assets_path;
+  std::string tokenizer_path;
+  std::vector<std::string> converters;
+};
+
+struct OptimizerSection {
+  std::string name;
+  double lr = 0;
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double weight_decay = 0;
+  std::string implementation;
+};
+
+struct LRSchedulerSection {
+  int64_t warmup_steps = 0;
+  double decay_ratio = -1;  // < 0: decay over every step after warmup
+  std::string decay_type;
+  double min_lr_factor = 0;
+};
+
+struct TrainingSection {
+  std::string dataset;
+  std::string dataset_path;
+  int64_t local_batch_size = 0;
+  int64_t global_batch_size = 0;
+  int64_t seq_len = 0;
+  double max_norm = 0;
+  int64_t steps = 0;
+  std::string mixed_precision_param;
+  std::string mixed_precision_reduce;
+  double holdout_fraction = 0;
+};
+
+struct ParallelismSection {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;
+  std::string fsdp_reshard_after_forward;
+  int64_t tensor_parallel_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  int64_t context_parallel_degree = 1;
+  int64_t expert_parallel_degree = 1;
+};
+
+struct CheckpointSection {
+  bool enable = false;
+  std::string folder;
+  int64_t interval = 0;
+  bool last_save_model_only = false;
+  std::string export_dtype;
+  std::string async_mode;
+  int64_t keep_latest_k = 0;
+  int64_t load_step = -1;
+  std::string initial_load_path;
+  bool initial_load_model_only = true;
+  bool initial_load_in_hf = false;
+  bool last_save_in_hf = false;
+  std::vector<std::string> exclude_from_loading;
+};
+
+struct ActivationCheckpointSection {
+  std::string mode;
+  std::string selective_ac_option;
+};
+
+struct CompileSection {
+  bool enable = false;
+  std::vector<std::string> components;
+};
+
+struct MetricsSection {
+  int64_t log_freq = 0;
+  bool enable_tensorboard = false;
+  std::string save_tb_folder;
+  bool disable_color_printing = false;
+  bool save_for_all_ranks = false;
+};
+
+struct DebugSection {
+  int64_t seed = 0;
+  bool deterministic = false;
+};
+
+struct ValidationSection {
+  bool enable = false;
+  std::string dataset;
+  std::string dataset_path;
+  int64_t local_batch_size = 0;
+  int64_t seq_len = 0;
+  int64_t freq = 0;
+  int64_t steps = 0;
+};
+
+struct CommSection {
+  int64_t init_timeout_seconds = 0;
+  int64_t train_timeout_seconds = 0;
+};
+
+struct MoESection {
+  std::string experts_backend;
+  double load_balance_coeff = 0;
+  double seq_aux_loss_coeff = 0;
+};
+
+struct JobConfig {
+  JobSection job;
+  MetricsSection metrics;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LRSchedulerSection lr_scheduler;
+  TrainingSection training;
+  ParallelismSection parallelism;
+  CheckpointSection checkpoint;
+  ActivationCheckpointSection activation_checkpoint;
+  CompileSection compile;
+  DebugSection debug;
+  ValidationSection validation;
+  CommSection comm;
+  MoESection moe;
+};
+
+// ---- The registry ------------------------------------------------------------------------
+
+enum class OptType { Bool, Int, Float, String, StringList };
+const char* opt_type_name(OptType t);
+
+using OptValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>>;
+
+struct Option {
+  std::string section;
+  std::string key;
+  OptType type = OptType::String;
+  OptValue default_value;
+  std::string help;
+  std::vector<std::string> choices;  // strings (and list items) must be one of these
+  std::optional<double> min, max;    // numbers must lie in [min, max]
+  std::vector<std::string> aliases;  // other accepted "section.key" spellings (torchtitan's)
+  std::function<OptValue(const JobConfig&)> get;
+  std::function<void(JobConfig&, const OptValue&)> set;
+
+  std::string name() const { return section + "." + key; }
+};
+
+// Every option, in section order. Built once.
+const std::vector<Option>& registry();
+// The option whose name or alias is `full_name`, or nullptr.
+const Option* find_option(const std::string& full_name);
+// torchtitan keys (or whole sections, as "float8.*") that are accepted with a warning.
+bool is_ignored_torchtitan_key(const std::string& full_name);
+const std::vector<std::string>& ignored_torchtitan_keys();
+// The registry name closest to `name` by edit distance.
+std::string nearest_option_name(const std::string& name);
+
+// Defaults from the registry.
+JobConfig default_config();
+
+// Parse a value given as text (command line) for `opt`; range and choices are checked.
+// `where` names the source in error messages, e.g. "command line".
+OptValue parse_option_text(const Option& opt, const std::vector<std::string>& texts,
+                           const std::string& where);
+// Check range / choices of a typed value. Throws ConfigError.
+void check_option_value(const Option& opt, const OptValue& v, const std::string& where);
+
+// Merge a TOML file into cfg. Unknown keys throw; ignored torchtitan keys add a warning.
+void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::string>& warnings);
+void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
+                       std::vector<std::string>& warnings);
+
+// Cross-key consistency for a run with `world_size` ranks. Throws ConfigError.
+void validate_config(const JobConfig& cfg, int64_t world_size);
+
+// Derived quantities that the startup table reports.
+struct DerivedConfig {
+  int64_t dp_degree = 1;         // data-parallel ranks (replicate x shard)
+  int64_t dp_shard = 1;          // resolved data_parallel_shard_degree
+  int64_t global_batch = 0;      // sequences per optimizer step
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step on each rank
+  int64_t tokens_per_step = 0;   // global_batch * seq_len
+};
+DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size);
+
+// Text forms, all generated from the registry.
+std::string dump_config_toml(const JobConfig& cfg);
+std::string config_help_text();
+std::string config_reference_markdown();
+std::string config_table(const JobConfig& cfg);
+std::string format_option_value(const OptValue& v);
+// A 64-bit FNV-1a hash of the dumped config, compared across ranks at startup.
+uint64_t config_hash(const JobConfig& cfg);
+
+// Result of parsing argv for a training run.
+struct CliResult {
+  JobConfig cfg;
+  bool show_help = false;
+  bool dump_config = false;
+  std::vector<std::string> warnings;
+};
+// defaults < TOML (--config / --job.config_file) < command-line overrides.
+CliResult parse_command_line(int argc, const char* const* argv);
+
+}  // namespace titan

@@ -1,0 +1,14 @@
+// Rank-aware logging: info lines come from rank 0 only, warnings and errors from every rank.
+#pragma once
+
+#include <string>
+
+namespace titan {
+
+void log_set_rank(int64_t rank);
+int64_t log_rank();
+void log_info(const std::string& msg);  // rank 0 only, to stdout
+void log_warn(const std::string& msg);  // every rank, to stderr
+bool log_is_tty();
+
+}  // namespace titan

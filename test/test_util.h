@@ -1,0 +1,94 @@
+// Helpers shared by the tests: paths of the build, the set-up cache and the Python venv,
+// running the binary, and scratch folders.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace titan::test {
+
+inline std::string source_dir() {
+  return TITAN_SOURCE_DIR;
+}
+inline std::string binary() {
+  return TITAN_BINARY;
+}
+inline std::string python() {
+  const char* e = std::getenv("TITAN_PYTHON");
+  return e && *e ? e : TITAN_TEST_PYTHON;
+}
+inline std::string cache_dir() {
+  const char* e = std::getenv("TITAN_CACHE");
+  if (e && *e) return e;
+  return std::string(std::getenv("HOME")) + "/.cache/titan-train";
+}
+inline std::string corpus_path() {
+  return cache_dir() + "/data/kjv.txt";
+}
+inline std::string tokenizer_path() {
+  return cache_dir() + "/data/tokenizer.json";
+}
+
+struct CmdResult {
+  int rc = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs a shell command, capturing stdout+stderr.
+inline CmdResult run(const std::string& cmd) {
+  CmdResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// A fresh empty folder under the system temp dir, removed when the object dies.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag) {
+    auto base = std::filesystem::temp_directory_path();
+    for (int i = 0;; ++i) {
+      path =
+          base / ("titan-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(i));
+      if (std::filesystem::create_directories(path)) break;
+    }
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::string shell_quote(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+}  // namespace titan::test
