@@ -1,0 +1,509 @@
+// The tokenizer against Hugging Face tokenizers (test/reference/tokenize_ref.py) on hard
+// strings and the corpus, for both pre-tokenizer styles and both merge forms; invalid UTF-8
+// round trips; and the messages for bad tokenizer.json files.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/errors.h"
+#include "core/tokenizer.h"
+#include "test_util.h"
+
+using namespace titan;
+using Catch::Matchers::Contains;
+using nlohmann::json;
+
+namespace {
+
+std::string ref_script() {
+  return test::source_dir() + "/test/reference/tokenize_ref.py";
+}
+
+std::string ref_command(const std::string& args) {
+  return test::shell_quote(test::python()) + " " + test::shell_quote(ref_script()) + " " + args;
+}
+
+std::vector<std::string> hard_strings() {
+  return {
+      "",
+      "Hello, world!",
+      "日本語のテキストと中文字符，还有한국어.",
+      "Ça été très élégant: naïve façade, Ålborg, Œuvre, straße",
+      "مرحبا بالعالم، هذا نص عربي.",
+      "emoji 😀👍🏽 family 👨‍👩‍👧‍👦 flag 🇫🇷 heart ❤️ zwj "
+      "🧑🏿‍🚀",
+      "    ",
+      "\t\t\t",
+      "\n\n\n",
+      " \t \n \r\n \t\t  \n\n   x",
+      "   leading",
+      "trailing   ",
+      "1234567 12 3.14159 0x1F 2024-01-01 1,000,000",
+      "I'll you're DON'T we've she'd they'RE it's I'M",
+      "foo\r\nbar\rbaz\n\r",
+      "a<|end_of_text|>b",
+      "<|begin_of_text|>In the beginning<|end_of_text|><|end_of_text|>",
+      "<|end_of_text",
+      "<|eot_id|>x<|eot_id|>",
+      "nbsp\u00a0here ideographic\u3000space line\u2028sep nel\u0085x zwsp\u200bx",
+      "tab\tsep\vvt\fff",
+      "!!!??? ... --- *** ((( ))) {{ }} \"quoted\" 'single'",
+      "x  \n  y",
+      "mixed123abc456 ABC_def-ghi",
+      "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚𝟛 ①②③ Ⅻ",
+      "In the beginning God created the heaven and the earth.",
+  };
+}
+
+std::vector<std::vector<int32_t>> hf_encode(const std::string& tokenizer,
+                                            const std::vector<std::string>& texts) {
+  test::TempDir dir("tokref");
+  test::write_file(dir.file("in.json"), json(texts).dump());
+  auto r = ref_command("encode " + test::shell_quote(tokenizer) + " " +
+                       test::shell_quote(dir.file("in.json")) + " " +
+                       test::shell_quote(dir.file("out.json")));
+  auto res = test::run(r);
+  INFO(res.out);
+  REQUIRE(res.rc == 0);
+  return json::parse(test::read_file(dir.file("out.json")))["ids"]
+      .get<std::vector<std::vector<int32_t>>>();
+}
+
+// Reports the first differing position with some context instead of two huge vectors.
+void check_same_ids(const std::vector<int32_t>& ours, const std::vector<int32_t>& theirs,
+                    const std::string& text, const Tokenizer& tok) {
+  size_t i = 0;
+  while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
+  if (i == ours.size() && i == theirs.size()) {
+    SUCCEED();
+    return;
+  }
+  auto window = [&](const std::vector<int32_t>& v) {
+    std::vector<int32_t> w(v.begin() + std::min(i, v.size()),
+                           v.begin() + std::min(i + 8, v.size()));
+    std::string s;
+    for (int32_t id : w) s += std::to_string(id) + "(" + json(tok.decode({id})).dump() + ") ";
+    return s;
+  };
+  size_t before = std::min<size_t>(i, 4);
+  std::vector<int32_t> ctx(ours.begin() + (i - before), ours.begin() + i);
+  INFO("text size " << text.size() << ", ours " << ours.size() << " ids, HF " << theirs.size()
+                    << " ids; first difference at id " << i << " after "
+                    << json(tok.decode(ctx)).dump());
+  INFO("ours: " << window(ours));
+  INFO("HF:   " << window(theirs));
+  FAIL("ids differ from HF tokenizers");
+}
+
+// round_trip: decode(encode(text)) == text, which add_prefix_space breaks by design.
+void check_matches_hf(const std::string& tokenizer, const std::vector<std::string>& texts,
+                      bool round_trip = true) {
+  auto tok = load_tokenizer(tokenizer);
+  auto ref = hf_encode(tokenizer, texts);
+  REQUIRE(ref.size() == texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    INFO("text #" << i << ": " << json(texts[i].substr(0, 200)).dump());
+    auto ids = tok->encode(texts[i]);
+    check_same_ids(ids, ref[i], texts[i], *tok);
+    if (round_trip) CHECK(tok->decode(ids) == texts[i]);
+  }
+}
+
+// Cuts at a line start so the slice is valid UTF-8 (the corpus is UTF-8 text).
+std::string corpus_slice(const std::string& corpus, size_t from, size_t len) {
+  if (from > 0) from = corpus.find('\n', from) + 1;
+  size_t end = corpus.find('\n', std::min(corpus.size(), from + len));
+  return corpus.substr(from, end == std::string::npos ? std::string::npos : end - from);
+}
+
+std::vector<std::string> hard_strings_and_corpus() {
+  auto texts = hard_strings();
+  std::string corpus = test::read_file(test::corpus_path());
+  texts.push_back(corpus_slice(corpus, 0, 200'000));
+  texts.push_back(corpus_slice(corpus, corpus.size() / 2, 100'000));
+  // Words longer than the cache's limit take the uncached path.
+  texts.push_back(std::string(20'000, 'a'));
+  texts.push_back(std::string(20'000, ' ') + "x" + std::string(20'000, '\n') + "y  ");
+  texts.push_back(std::string(20'000, '7'));
+  texts.push_back(
+      "thethethethethethethethethethethethethethethethethethethethethethethethethethethe"
+      "thethethethethethethethethethethethethe");
+  return texts;
+}
+
+// A Llama-3 style tokenizer.json made once per test process by the reference script.
+const std::string& split_tokenizer_path() {
+  static test::TempDir dir("toksplit");
+  static const std::string path = [] {
+    std::string p = dir.file("split.json");
+    auto r = test::run(ref_command("make-split " + test::shell_quote(test::corpus_path()) + " " +
+                                   test::shell_quote(p)));
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    return p;
+  }();
+  return path;
+}
+
+std::string merges_form(const std::string& tokenizer) {
+  auto r = test::run(ref_command("merges-form " + test::shell_quote(tokenizer)));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  return r.out.substr(0, r.out.find('\n'));
+}
+
+std::vector<std::string> invalid_utf8_strings() {
+  return {
+      "\x80",
+      "abc\x80\x80 def",
+      "lone \xBF continuation",
+      "truncated \xE6\x97 three-byte",
+      "truncated at end \xF0\x9F\x98",
+      "\xFF\xFE\xFD",
+      "overlong \xC0\xAF slash",
+      "surrogate \xED\xA0\x80 half",
+      "mixed \xFF日本\x80語 \xC3",
+      "  \xFF  \n\xFE\n",
+      "<|end_of_text|>\xFF<|begin_of_text|>",
+      std::string("nul \0 inside", 12),
+  };
+}
+
+// 256 byte tokens, "ab" and "abc" (by merges in both forms, which we accept in one file and
+// HF does not) and two special tokens.
+json minimal_tokenizer() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<uint8_t>(b))] = b;
+  vocab["ab"] = 256;
+  vocab["abc"] = 257;
+  auto special = [](int id, const char* content) {
+    return json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  return json{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", json::array({special(258, "<s>"), special(259, "</s>")})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", true},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"a b", json::array({"ab", "c"})})}}},
+  };
+}
+
+}  // namespace
+
+TEST_CASE(
+    "tokenizer: bundled tokenizer.json matches HF tokenizers on hard strings and corpus slices",
+    "[tokenizer]") {
+  INFO("merges stored as " << merges_form(test::tokenizer_path()));
+  check_matches_hf(test::tokenizer_path(), hard_strings_and_corpus());
+}
+
+TEST_CASE("tokenizer: Llama-3 style Split pre-tokenizer with string merges matches HF",
+          "[tokenizer]") {
+  // The bundled file stores merges as pairs and this one as "a b" strings, so both forms are
+  // checked against HF.
+  CHECK(merges_form(test::tokenizer_path()) == "pairs");
+  CHECK(merges_form(split_tokenizer_path()) == "strings");
+  auto doc = json::parse(test::read_file(split_tokenizer_path()));
+  CHECK(doc["pre_tokenizer"]["type"] == "Sequence");
+  CHECK(doc["model"]["ignore_merges"] == true);
+  auto tok = load_tokenizer(split_tokenizer_path());
+  CHECK(tok->vocab_size() == 1025);  // <|eot_id|> sits after the model vocabulary
+  CHECK(tok->bos_id() == 0);
+  CHECK(tok->eos_id() == 1);
+  check_matches_hf(split_tokenizer_path(), hard_strings_and_corpus());
+}
+
+TEST_CASE("tokenizer: ByteLevel add_prefix_space matches HF", "[tokenizer]") {
+  test::TempDir dir("tokprefix");
+  std::string path = dir.file("prefix.json");
+  auto r = test::run(ref_command("prefix-space " + test::shell_quote(test::tokenizer_path()) + " " +
+                                 test::shell_quote(path)));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  check_matches_hf(path, hard_strings(), false);
+  auto tok = load_tokenizer(path);
+  CHECK(tok->decode(tok->encode("a<|end_of_text|>b")) == " a<|end_of_text|> b");
+}
+
+TEST_CASE("tokenizer: full corpus encodes like HF and reports its speed", "[tokenizer]") {
+  std::string corpus = test::read_file(test::corpus_path());
+  REQUIRE(corpus.size() > 1'000'000);
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto t0 = std::chrono::steady_clock::now();
+  auto ids = tok->encode(corpus);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A second pass runs from the word cache, as training does after the first documents.
+  t0 = std::chrono::steady_clock::now();
+  auto again = tok->encode(corpus);
+  double warm = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(again == ids);
+  WARN("tokenizer: " << corpus.size() / 1e6 << " MB -> " << ids.size() << " ids in " << s << " s ("
+                     << corpus.size() / 1e6 / s << " MB/s cold, " << corpus.size() / 1e6 / warm
+                     << " MB/s warm)");
+  auto ref = hf_encode(test::tokenizer_path(), {corpus});
+  check_same_ids(ids, ref.at(0), corpus, *tok);
+  CHECK(tok->decode(ids) == corpus);
+}
+
+TEST_CASE("tokenizer: invalid UTF-8 round-trips through encode and decode", "[tokenizer]") {
+  // HF cannot take these (a Python str holds no invalid UTF-8), so the contract here is only
+  // that no byte is lost or invented.
+  for (const std::string& path : {test::tokenizer_path(), split_tokenizer_path()}) {
+    auto tok = load_tokenizer(path);
+    for (auto& s : invalid_utf8_strings()) {
+      INFO(path << ": " << json(s).dump(-1, ' ', false, json::error_handler_t::replace));
+      auto ids = tok->encode(s);
+      CHECK(tok->decode(ids) == s);
+      for (int32_t id : ids) CHECK((id >= 0 && id < tok->vocab_size()));
+    }
+    // Every single byte, and all of them in a row.
+    std::string all;
+    for (int b = 0; b < 256; ++b) {
+      std::string one(1, static_cast<char>(b));
+      all += one;
+      CHECK(tok->decode(tok->encode(one)) == one);
+    }
+    CHECK(tok->decode(tok->encode(all)) == all);
+  }
+}
+
+TEST_CASE("tokenizer: special tokens inside text map to their ids as in HF", "[tokenizer]") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  CHECK(tok->bos_id() == 0);
+  CHECK(tok->eos_id() == 1);
+  CHECK(tok->vocab_size() == 2048);
+  std::vector<std::string> texts = {"a<|end_of_text|>b", "<|begin_of_text|>x y<|end_of_text|>",
+                                    "<|end_of_text|><|end_of_text|>", "<|end_of_text"};
+  auto ref = hf_encode(test::tokenizer_path(), texts);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    INFO(texts[i]);
+    CHECK(tok->encode(texts[i]) == ref[i]);
+  }
+  auto ids = tok->encode("a<|end_of_text|>b");
+  REQUIRE(ids.size() == 3);
+  CHECK(ids[1] == 1);
+  CHECK(tok->decode(ids) == "a<|end_of_text|>b");
+  CHECK(std::count(ref[3].begin(), ref[3].end(), 1) == 0);
+}
+
+TEST_CASE("tokenizer: encode_document adds BOS and EOS", "[tokenizer]") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto plain = tok->encode("In the beginning");
+  auto doc = encode_document(*tok, "In the beginning", true, true);
+  REQUIRE(doc.size() == plain.size() + 2);
+  CHECK(doc.front() == tok->bos_id());
+  CHECK(doc.back() == tok->eos_id());
+  CHECK(std::vector<int32_t>(doc.begin() + 1, doc.end() - 1) == plain);
+  CHECK(encode_document(*tok, "x", false, true).front() != tok->bos_id());
+  CHECK(encode_document(*tok, "", true, false) == std::vector<int32_t>{tok->bos_id()});
+}
+
+TEST_CASE("tokenizer: byte tokenizer round-trips every byte", "[tokenizer]") {
+  auto tok = load_tokenizer("bytes");
+  CHECK(tok->vocab_size() == 258);
+  CHECK(tok->bos_id() == 256);
+  CHECK(tok->eos_id() == 257);
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  auto ids = tok->encode(all);
+  REQUIRE(ids.size() == 256);
+  for (int b = 0; b < 256; ++b) CHECK(ids[b] == b);
+  CHECK(tok->decode(ids) == all);
+  // BOS/EOS mark boundaries and decode to nothing.
+  CHECK(tok->decode(encode_document(*tok, "hi\xFF", true, true)) == "hi\xFF");
+  CHECK_THROWS_AS(tok->decode({258}), std::out_of_range);
+}
+
+TEST_CASE("tokenizer: a hand-written tokenizer.json merges in both forms and finds <s> and </s>",
+          "[tokenizer]") {
+  test::TempDir dir("tokmin");
+  std::string path = dir.file("min.json");
+  test::write_file(path, minimal_tokenizer().dump());
+  auto tok = load_tokenizer(path);
+  CHECK(tok->vocab_size() == 260);
+  CHECK(tok->bos_id() == 258);
+  CHECK(tok->eos_id() == 259);
+  CHECK(tok->encode("abc") == std::vector<int32_t>{257});
+  CHECK(tok->encode("abab") == std::vector<int32_t>{256, 256});
+  CHECK(tok->encode("a</s>bc") == std::vector<int32_t>{'a', 259, 'b', 'c'});
+  CHECK(tok->decode({258, 257, 259}) == "<s>abc</s>");
+  CHECK_THROWS_AS(tok->decode({260}), std::out_of_range);
+}
+
+TEST_CASE("tokenizer: ignore_merges emits whole-word vocabulary tokens as HF does", "[tokenizer]") {
+  // Trained vocabularies reach every token by merges, so only a hand-made one (like Llama-3's
+  // converted tiktoken vocabulary) shows the difference.
+  test::TempDir dir("tokignore");
+  std::vector<std::string> texts = {"xyz", "abc xyz", "xyzabc", " xyz", "ab"};
+  for (bool ignore : {false, true}) {
+    json j = minimal_tokenizer();
+    j["model"]["vocab"]["xyz"] = 260;
+    j["model"]["vocab"]["Ġxyz"] = 261;
+    j["model"]["ignore_merges"] = ignore;
+    // HF wants one merge form per file; the minimal tokenizer mixes them.
+    j["model"]["merges"] = json::array({json::array({"a", "b"}), json::array({"ab", "c"})});
+    std::string path = dir.file(ignore ? "ignore.json" : "merge.json");
+    test::write_file(path, j.dump());
+    INFO("ignore_merges " << ignore);
+    check_matches_hf(path, texts);
+    CHECK(load_tokenizer(path)->encode("xyz") ==
+          (ignore ? std::vector<int32_t>{260} : std::vector<int32_t>{'x', 'y', 'z'}));
+  }
+}
+
+TEST_CASE("tokenizer: a repeated merge takes its last rank as in HF", "[tokenizer]") {
+  test::TempDir dir("tokdup");
+  json j = minimal_tokenizer();
+  j["model"]["vocab"]["bc"] = 260;
+  j["model"]["merges"] = json::array({"b c", "a b", "b c"});
+  std::string path = dir.file("dup.json");
+  test::write_file(path, j.dump());
+  check_matches_hf(path, {"abc", "bcab", "abcabc"});
+  CHECK(load_tokenizer(path)->encode("abc") == std::vector<int32_t>{256, 'c'});
+}
+
+TEST_CASE("tokenizer: concurrent encodes agree with a serial one", "[tokenizer]") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  std::string text = corpus_slice(test::read_file(test::corpus_path()), 1'000'000, 300'000);
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<std::thread> threads;
+  for (auto& g : got) threads.emplace_back([&] { g = tok->encode(text); });
+  for (auto& t : threads) t.join();
+  auto serial = tok->encode(text);
+  for (auto& g : got) CHECK(g == serial);
+}
+
+TEST_CASE("tokenizer: a bad tokenizer.json throws UserError naming the file", "[tokenizer]") {
+  test::TempDir dir("tokbad");
+  auto variant = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    json j = minimal_tokenizer();
+    edit(j);
+    test::write_file(dir.file(name), j.dump());
+    return dir.file(name);
+  };
+  test::write_file(dir.file("notjson.json"), "{\"model\": {\"type\": \"BPE\",, }");
+  struct Case {
+    std::string path;
+    std::vector<std::string> expect;
+  };
+  std::vector<Case> cases = {
+      {dir.file("missing.json"), {"missing.json", "cannot be read", "No such file"}},
+      {dir.path.string(), {"cannot be read", "folder"}},
+      {dir.file("notjson.json"), {"notjson.json", "not valid JSON at byte 26"}},
+      {variant("nomodel.json", [](json& j) { j.erase("model"); }), {"nomodel.json", "\"model\""}},
+      {variant("wordpiece.json", [](json& j) { j["model"]["type"] = "WordPiece"; }),
+       {"wordpiece.json", "\"WordPiece\"", "only \"BPE\""}},
+      {variant("badmerge.json",
+               [](json& j) {
+                 j["model"]["merges"].push_back(json::array({"ab", "zzz"}));
+               }),
+       {"badmerge.json", "model.merges[2]", "\"zzz\" is not in model.vocab"}},
+      {variant("badmergestr.json", [](json& j) { j["model"]["merges"].push_back("abc"); }),
+       {"badmergestr.json", "model.merges[2]", "two tokens separated by one space"}},
+      {variant("merged.json", [](json& j) { j["model"]["merges"].push_back("b c"); }),
+       {"merged.json", "\"bc\" is not in model.vocab"}},
+      {variant("dupid.json", [](json& j) { j["model"]["vocab"]["xyz"] = 256; }),
+       {"dupid.json", "id 256", "unique"}},
+      {variant("negid.json", [](json& j) { j["model"]["vocab"]["xyz"] = -3; }),
+       {"negid.json", "\"xyz\"", "-3"}},
+      {variant("nobyte.json", [](json& j) { j["model"]["vocab"].erase("A"); }),
+       {"nobyte.json", "byte 0x41"}},
+      {variant("pretok.json",
+               [](json& j) {
+                 j["pre_tokenizer"] = {{"type", "Whitespace"}};
+               }),
+       {"pretok.json", "\"Whitespace\"", "ByteLevel"}},
+      {variant("nopretok.json", [](json& j) { j["pre_tokenizer"] = nullptr; }),
+       {"nopretok.json", "pre_tokenizer is null"}},
+      {variant("regex.json",
+               [](json& j) {
+                 j["pre_tokenizer"] = {
+                     {"type", "Sequence"},
+                     {"pretokenizers",
+                      json::array({json{{"type", "Split"},
+                                        {"pattern", {{"Regex", "(unclosed"}}},
+                                        {"behavior", "Isolated"},
+                                        {"invert", false}},
+                                   json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
+               }),
+       {"regex.json", "(unclosed", "does not compile"}},
+      {variant("behavior.json",
+               [](json& j) {
+                 j["pre_tokenizer"] = {
+                     {"type", "Sequence"},
+                     {"pretokenizers", json::array({json{{"type", "Split"},
+                                                         {"pattern", {{"String", " "}}},
+                                                         {"behavior", "Removed"}},
+                                                    json{{"type", "ByteLevel"}}})}};
+               }),
+       {"behavior.json", "\"Removed\"", "Isolated"}},
+      {variant("lstrip.json", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }),
+       {"lstrip.json", "lstrip", "not supported"}},
+      {variant("addedclash.json", [](json& j) { j["added_tokens"][0]["id"] = 256; }),
+       {"addedclash.json", "id 256", "\"ab\""}},
+      {variant("normalizer.json",
+               [](json& j) {
+                 j["normalizer"] = {{"type", "NFC"}};
+               }),
+       {"normalizer.json", "normalizer", "NFC"}},
+      {variant("flagtype.json", [](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; }),
+       {"flagtype.json", "use_regex", "true or false"}},
+  };
+  for (auto& c : cases) {
+    INFO(c.path);
+    try {
+      load_tokenizer(c.path);
+      FAIL("no UserError");
+    } catch (const UserError& e) {
+      std::string msg = e.what();
+      INFO(msg);
+      CHECK_THAT(msg, Contains(c.path));
+      for (auto& x : c.expect) CHECK_THAT(msg, Contains(x));
+      CHECK(msg.find('\n') == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("tokenizer: long runs and random bytes encode quickly and round-trip", "[tokenizer]") {
+  std::string random;
+  uint32_t x = 12345;
+  for (int i = 0; i < 300'000; ++i) {
+    x = x * 1664525u + 1013904223u;
+    random += static_cast<char>(x >> 24);
+  }
+  std::vector<std::string> texts = {std::string(1'000'000, 'a'),
+                                    std::string(1'000'000, ' '),
+                                    std::string(500'000, ' ') + "x" + std::string(500'000, '\n'),
+                                    std::string(1'000'000, '7'),
+                                    std::string(300'000, '\xFF'),
+                                    random};
+  for (const std::string& path : {test::tokenizer_path(), split_tokenizer_path()}) {
+    auto tok = load_tokenizer(path);
+    for (auto& t : texts) {
+      INFO(path << ": text of " << t.size() << " bytes starting " << int(uint8_t(t[0])));
+      auto t0 = std::chrono::steady_clock::now();
+      auto ids = tok->encode(t);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CHECK(tok->decode(ids) == t);
+      CHECK(s < 5.0);
+    }
+  }
+}
