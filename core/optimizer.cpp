@@ -1,0 +1,80 @@
+#include "core/optimizer.h"
+
+#include <cmath>
+
+namespace titan {
+
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg)
+    : params_(std::move(params)), cfg_(cfg) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    steps_.push_back(at::zeros({}, params_[i].options().dtype(at::kFloat)));
+    (decay[i] ? decay_idx_ : no_decay_idx_).push_back(i);
+  }
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard ng;
+  step_group(decay_idx_, lr, cfg_.weight_decay);
+  step_group(no_decay_idx_, lr, 0.0);
+}
+
+void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
+  std::vector<at::Tensor> p, g, m, v, s;
+  for (size_t i : idx) {
+    if (!params_[i].grad().defined()) continue;
+    p.push_back(params_[i]);
+    g.push_back(params_[i].grad());
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    s.push_back(steps_[i]);
+  }
+  if (p.empty()) return;
+  at::_foreach_add_(s, 1.0);
+  if (cfg_.implementation == "fused") {
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, cfg_.beta1, cfg_.beta2, wd,
+                      cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+  // for-loop / foreach: the textbook update, one parameter at a time. The bias corrections
+  // need the step on the host; this path is for checking the fused kernel, not for speed.
+  for (size_t j = 0; j < p.size(); ++j) {
+    const double t = s[j].item<double>();
+    p[j].mul_(1.0 - lr * wd);
+    m[j].lerp_(g[j], 1.0 - cfg_.beta1);
+    v[j].mul_(cfg_.beta2).addcmul_(g[j], g[j], 1.0 - cfg_.beta2);
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, t);
+    const double bc2 = 1.0 - std::pow(cfg_.beta2, t);
+    at::Tensor denom = (v[j].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+    p[j].addcdiv_(m[j], denom, -lr / bc1);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+}
+
+at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return at::zeros({}, params.empty() ? at::TensorOptions() : params[0].options());
+  auto norms = at::_foreach_norm(grads, 2);
+  return at::stack(norms).to(at::kFloat).pow(2).sum();
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                          const at::Tensor& total_norm) {
+  if (max_norm > 0) {
+    std::vector<at::Tensor> grads;
+    for (auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    // coef = min(1, max_norm / (norm + 1e-6)), kept on the device.
+    at::Tensor coef = at::clamp_max(max_norm / (total_norm + 1e-6), 1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  return total_norm;
+}
+
+}  // namespace titan

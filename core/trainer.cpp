@@ -1,0 +1,264 @@
+#include "core/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/data.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/lr_schedule.h"
+#include "core/metrics.h"
+#include "core/tokenizer.h"
+
+namespace titan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::string resolve_dataset(const std::string& name, const std::string& path, const char* key) {
+  if (!path.empty()) return path;
+  if (name == "kjv") return titan_cache_dir() + "/data/kjv.txt";
+  throw UserError(std::string(key) + " = \"" + name +
+                  "\" is not a bundled dataset; allowed: kjv, or give a file with the matching "
+                  "dataset_path key");
+}
+
+std::string resolve_tokenizer(const ModelSection& m) {
+  if (!m.tokenizer_path.empty()) return m.tokenizer_path;
+  if (!m.hf_assets_path.empty()) return m.hf_assets_path + "/tokenizer.json";
+  return titan_cache_dir() + "/data/tokenizer.json";
+}
+
+std::string human(int64_t n) {
+  std::ostringstream os;
+  os.precision(3);
+  if (n >= 1000000000) os << n / 1e9 << "B";
+  else if (n >= 1000000) os << n / 1e6 << "M";
+  else if (n >= 1000) os << n / 1e3 << "K";
+  else os << n;
+  return os.str();
+}
+
+}  // namespace
+
+std::string titan_cache_dir() {
+  const char* e = std::getenv("TITAN_CACHE");
+  if (e && *e) return e;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/titan-train";
+}
+
+at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t V = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, V}).to(at::kFloat), labels.reshape({-1}), {},
+                                at::Reduction::Sum);
+}
+
+StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+                      double global_tokens, double lr, double max_norm, bool time_phases) {
+  const auto t0 = Clock::now();
+  at::Tensor total;
+  for (const auto& mb : micro) {
+    at::Tensor logits = model.forward(mb.tokens);
+    at::Tensor loss = token_loss_sum(logits, mb.labels) / global_tokens;
+    at::Tensor aux = model.aux_loss();
+    at::Tensor objective = aux.defined() ? loss + aux / static_cast<double>(micro.size()) : loss;
+    objective.backward();
+    total = total.defined() ? total + loss.detach() : loss.detach();
+  }
+  const bool sync = time_phases && !total.is_cpu();
+  if (sync) (void)total.cpu();  // named sync: phase timing on log steps only
+  StepResult r;
+  r.fwdbwd_ms = ms_since(t0);
+  const auto t1 = Clock::now();
+  auto params = model.params().tensors();
+  at::Tensor norm = at::sqrt(grad_norm_sq(params));
+  clip_grad_norm(params, max_norm, norm);
+  opt.step(lr);
+  opt.zero_grad();
+  model.after_optimizer_step();
+  if (sync) (void)norm.cpu();
+  r.opt_ms = ms_since(t1);
+  r.loss = total;
+  r.grad_norm = norm;
+  return r;
+}
+
+int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
+  const auto t_exec = Clock::now();
+  if (launch.world_size > 1)
+    throw UserError("world size " + std::to_string(launch.world_size) + " (" + launch.source +
+                    "): multi-process training is not implemented in this version; run one "
+                    "process");
+  const DerivedConfig d = derive_config(cfg, launch.world_size);
+  log_info("resolved config:\n" + config_table(cfg));
+  if (cfg.job.print_args) log_info("\n" + dump_config_toml(cfg));
+
+  // ---- device and determinism -------------------------------------------------------------
+  const bool cuda = at::hasCUDA();
+  at::Device device = cuda ? at::Device(at::kCUDA, static_cast<int>(launch.local_rank)) : at::kCPU;
+  if (cfg.debug.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, false);
+    if (cuda) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  }
+  const bool bf16 = cuda && cfg.training.mixed_precision_param == "bfloat16";
+
+  // ---- tokenizer, data, model ---------------------------------------------------------------
+  const std::string tok_path = resolve_tokenizer(cfg.model);
+  auto tokenizer = load_tokenizer(tok_path);
+  auto model = build_model(cfg, device);
+  const ModelInfo& info = model->info();
+  if (tokenizer->vocab_size() != info.vocab_size)
+    throw UserError("tokenizer '" + tok_path + "' has a vocabulary of " +
+                    std::to_string(tokenizer->vocab_size()) + " tokens but model " + cfg.model.name +
+                    "/" + cfg.model.flavor + " has " + std::to_string(info.vocab_size) +
+                    "; allowed: a tokenizer whose vocabulary matches the flavor");
+  if (cfg.training.seq_len > info.max_seq_len)
+    throw UserError("training.seq_len = " + std::to_string(cfg.training.seq_len) +
+                    " exceeds what " + cfg.model.name + "/" + cfg.model.flavor +
+                    " supports; allowed: <= " + std::to_string(info.max_seq_len));
+  if (cfg.validation.enable && cfg.validation.seq_len > info.max_seq_len)
+    throw UserError("validation.seq_len = " + std::to_string(cfg.validation.seq_len) +
+                    " exceeds the model's max_seq_len " + std::to_string(info.max_seq_len));
+  const std::string data_path =
+      resolve_dataset(cfg.training.dataset, cfg.training.dataset_path, "training.dataset");
+  TokenizedDocs docs = load_documents(data_path, *tokenizer);
+  Splits splits = split_and_pack(docs, cfg.training.holdout_fraction, tokenizer->bos_id(),
+                                 tokenizer->eos_id());
+  if (!cfg.validation.dataset_path.empty() || !cfg.validation.dataset.empty()) {
+    std::string vpath = resolve_dataset(cfg.validation.dataset, cfg.validation.dataset_path,
+                                        "validation.dataset");
+    splits.heldout = split_and_pack(load_documents(vpath, *tokenizer), 0.0, tokenizer->bos_id(),
+                                    tokenizer->eos_id()).train;
+  }
+  const int64_t dp_rank = 0;
+  PackedLoader loader(&splits.train, cfg.training.seq_len, cfg.training.local_batch_size, dp_rank,
+                      d.dp_degree, static_cast<uint64_t>(cfg.debug.seed), /*shuffle=*/true);
+
+  if (bf16) model->set_compute_dtype(at::kBFloat16);
+  const auto& ac = cfg.activation_checkpoint;
+  if (ac.mode == "full") {
+    model->set_recompute_policy([](int64_t) { return true; });
+  } else if (ac.mode == "selective") {
+    const int64_t every = std::stoll(ac.selective_ac_option);
+    model->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
+  }
+  std::vector<bool> decay;
+  for (auto& p : model->params().all()) decay.push_back(p.weight_decay);
+  AdamW opt(model->params().tensors(), decay, cfg.optimizer);
+  LRSchedule sched(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
+
+  const int64_t flops_per_token = info.flops_per_token(cfg.training.seq_len);
+  std::string dev_name = "CPU";
+  double peak = 0;
+  if (cuda) {
+    dev_name = "CUDA:" + std::to_string(device.index());
+    peak = 0;  // filled in by the CUDA build's device query (core/cuda_info)
+  }
+  log_info("=> device = " + dev_name + (bf16 ? " (bf16 compute, fp32 master weights)" : " (fp32)"));
+  log_info("=> model = " + cfg.model.name + "/" + cfg.model.flavor + ": " + human(info.n_params) +
+           " parameters (" + human(info.n_active_non_embedding) + " active non-embedding), " +
+           human(flops_per_token) + " FLOPs per token at seq_len " +
+           std::to_string(cfg.training.seq_len));
+  log_info("=> tokenizer = " + tok_path + " (vocab " + std::to_string(tokenizer->vocab_size()) + ")");
+  log_info("=> data = " + data_path + ": " + std::to_string(docs.num_docs()) + " documents, " +
+           human(static_cast<int64_t>(splits.train.size())) + " training tokens, " +
+           human(static_cast<int64_t>(splits.heldout.size())) + " held-out tokens, " +
+           std::to_string(loader.windows_per_rank()) + " windows per rank");
+  log_info("=> world_size = " + std::to_string(launch.world_size) + " (" + launch.source +
+           "), dp = " + std::to_string(d.dp_degree));
+  log_info("=> global_batch_size = " + std::to_string(d.global_batch) +
+           ", grad_accum_steps = " + std::to_string(d.grad_accum_steps) +
+           ", tokens_per_step = " + std::to_string(d.tokens_per_step));
+  log_info("=> lr schedule: warmup " + std::to_string(sched.warmup_steps()) + ", stable " +
+           std::to_string(sched.stable_steps()) + ", decay " + std::to_string(sched.decay_steps()) +
+           " (" + cfg.lr_scheduler.decay_type + ")");
+
+  const bool writer = launch.rank == 0 || cfg.metrics.save_for_all_ranks;
+  MetricsLogger metrics(cfg.job.dump_folder, writer, cfg.metrics.enable_tensorboard,
+                        cfg.metrics.save_tb_folder, !cfg.metrics.disable_color_printing && log_is_tty(),
+                        launch.rank);
+
+  auto validate = [&](int64_t step) {
+    at::NoGradGuard ng;
+    PackedLoader vl(&splits.heldout, cfg.validation.seq_len, cfg.validation.local_batch_size, dp_rank,
+                    d.dp_degree, 0, /*shuffle=*/false);
+    int64_t n = cfg.validation.steps < 0 ? vl.windows_per_rank() / cfg.validation.local_batch_size
+                                         : cfg.validation.steps;
+    at::Tensor sum = at::zeros({}, at::TensorOptions().device(device).dtype(at::kDouble));
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      Batch b = vl.next();
+      at::Tensor logits = model->forward(b.tokens.to(device));
+      sum += token_loss_sum(logits, b.labels.to(device)).to(at::kDouble);
+      tokens += b.labels.numel();
+    }
+    double loss = sum.item<double>() / static_cast<double>(tokens);  // validation's sync
+    metrics.log_validation(step, loss, std::exp(loss), tokens);
+  };
+
+  // ---- the loop --------------------------------------------------------------------------------
+  const double global_tokens = static_cast<double>(d.tokens_per_step);
+  auto t_last_log = Clock::now();
+  int64_t tokens_since_log = 0;
+  double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
+  bool first_step_logged = false;
+  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+    const bool log_step = step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps;
+    auto t0 = Clock::now();
+    std::vector<MicroBatch> micro;
+    for (int64_t m = 0; m < d.grad_accum_steps; ++m) {
+      Batch b = loader.next();
+      micro.push_back({b.tokens.to(device, /*non_blocking=*/true), b.labels.to(device, true)});
+    }
+    data_ms += ms_since(t0);
+    const double lr = sched.lr(step);
+    StepResult r = train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm, log_step);
+    fwdbwd_ms += r.fwdbwd_ms;
+    opt_ms += r.opt_ms;
+    tokens_since_log += cfg.training.local_batch_size * d.grad_accum_steps * cfg.training.seq_len;
+    if (!first_step_logged) {
+      log_info("=> first step done " + std::to_string(static_cast<int64_t>(ms_since(t_exec))) +
+               " ms after start");
+      first_step_logged = true;
+    }
+    if (log_step) {
+      StepMetrics m;
+      m.step = step;
+      m.loss = r.loss.item<double>();  // the log step's sync
+      m.loss_max = m.loss;
+      m.grad_norm = r.grad_norm.item<double>();
+      m.lr = lr;
+      const double secs = std::chrono::duration<double>(Clock::now() - t_last_log).count();
+      m.tps = static_cast<double>(tokens_since_log) / secs;
+      m.tflops = m.tps * static_cast<double>(flops_per_token) / 1e12;
+      m.mfu = peak > 0 ? 100.0 * m.tflops * 1e12 / peak : -1;
+      m.memory_gib = max_rss_gib();
+      const double steps_in = static_cast<double>(step == 1 ? 1 : cfg.metrics.log_freq);
+      m.data_ms = data_ms / steps_in;
+      m.fwdbwd_ms = fwdbwd_ms / steps_in;
+      m.opt_ms = opt_ms / steps_in;
+      metrics.log_step(m);
+      if (!std::isfinite(m.loss)) {
+        log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) + "; stopping");
+        return 1;
+      }
+      t_last_log = Clock::now();
+      tokens_since_log = 0;
+      data_ms = fwdbwd_ms = opt_ms = 0;
+    } else {
+      metrics.progress(step, cfg.training.steps,
+                       std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (cfg.validation.enable && step % cfg.validation.freq == 0) validate(step);
+  }
+  log_info("training done: " + std::to_string(cfg.training.steps) + " steps");
+  return 0;
+}
+
+}  // namespace titan

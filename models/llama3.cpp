@@ -1,0 +1,175 @@
+#include "models/llama3.h"
+
+#include <cmath>
+#include <map>
+
+#include "core/errors.h"
+
+namespace titan {
+
+int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier) {
+  int64_t h = static_cast<int64_t>(2.0 * 4.0 * static_cast<double>(dim) / 3.0);
+  if (ffn_dim_multiplier > 0) h = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(h));
+  return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+namespace {
+
+const std::map<std::string, Llama3Args>& flavors() {
+  static const std::map<std::string, Llama3Args> f = [] {
+    std::map<std::string, Llama3Args> m;
+    Llama3Args debug;  // the struct defaults are the debug model
+    m["debugmodel"] = debug;
+    auto big = [](int64_t dim, int64_t layers, int64_t heads, double mult, int64_t multiple_of,
+                  double rope_factor, bool tie) {
+      Llama3Args a;
+      a.dim = dim;
+      a.n_layers = layers;
+      a.n_heads = heads;
+      a.n_kv_heads = 8;
+      a.vocab_size = 128256;
+      a.multiple_of = multiple_of;
+      a.ffn_dim_multiplier = mult;
+      a.rope_theta = 500000;
+      a.rope_scaling.factor = rope_factor;
+      a.max_seq_len = 131072;
+      a.tie_embeddings = tie;
+      return a;
+    };
+    m["1B"] = big(2048, 16, 32, 1.5, 256, 32, true);    // Llama-3.2 1B
+    m["3B"] = big(3072, 28, 24, 1.0, 256, 32, true);    // Llama-3.2 3B
+    m["8B"] = big(4096, 32, 32, 1.3, 1024, 8, false);   // Llama-3.1 8B
+    m["70B"] = big(8192, 80, 64, 1.3, 4096, 8, false);  // Llama-3.1 70B
+    m["405B"] = big(16384, 126, 128, 1.2, 4096, 8, false);
+    return m;
+  }();
+  return f;
+}
+
+}  // namespace
+
+std::vector<std::string> llama3_flavor_names() {
+  return {"debugmodel", "1B", "3B", "8B", "70B", "405B"};
+}
+
+Llama3Args llama3_flavor(const std::string& flavor) {
+  auto it = flavors().find(flavor);
+  if (it == flavors().end()) {
+    std::string allowed;
+    for (auto& n : llama3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
+    throw UserError("model.flavor = \"" + flavor + "\" is not a llama3 flavor; allowed: " +
+                    allowed);
+  }
+  return it->second;
+}
+
+Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
+  const int64_t hd = a.dim / a.n_heads;
+  const int64_t ffn = llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    return params_.add(name, at::empty(shape, opts), decay);
+  };
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerIdx L;
+    L.attn_norm = P(p + "attention_norm.weight", {a.dim}, false);
+    L.wq = P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true);
+    L.wk = P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true);
+    L.wv = P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true);
+    L.wo = P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true);
+    L.ffn_norm = P(p + "ffn_norm.weight", {a.dim}, false);
+    L.w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true);
+    L.w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true);
+    L.w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true);
+    layers_.push_back(L);
+  }
+  norm_ = P("norm.weight", {a.dim}, false);
+  if (!a.tie_embeddings) output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
+  for (int64_t l = 0; l < a.n_layers; ++l)
+    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+      return block(l, x, w);
+    });
+
+  info_.name = "llama3";
+  info_.vocab_size = a.vocab_size;
+  info_.max_seq_len = a.max_seq_len;
+  info_.dim = a.dim;
+  info_.n_layers = a.n_layers;
+  info_.n_params = params_.numel();
+  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_.n_active_non_embedding = info_.n_params - info_.n_params_embedding;
+  info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
+}
+
+void Llama3::init_weights(uint64_t seed) {
+  at::NoGradGuard ng;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto init = [&](int64_t i, auto&& fill) {
+    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
+    fill(cpu);
+    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+  };
+  auto normal = [&](double std) {
+    return [&gen, std](at::Tensor& t) { t.normal_(0.0, std, gen); };
+  };
+  auto trunc = [&](double std, double a, double b) {
+    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
+  };
+  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
+  init(tok_emb_, normal(1.0));
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
+                                          : 2.0 * static_cast<double>(args_.n_layers);
+    const double out_std = 0.02 / std::sqrt(depth);
+    const LayerIdx& L = layers_[static_cast<size_t>(l)];
+    init(L.attn_norm, ones);
+    init(L.ffn_norm, ones);
+    for (int64_t i : {L.wq, L.wk, L.wv}) init(i, trunc(0.02, -2, 2));
+    init(L.wo, trunc(out_std, -2, 2));
+    init(L.w1, trunc(0.02, -2, 2));
+    for (int64_t i : {L.w2, L.w3}) init(i, trunc(out_std, -2, 2));
+  }
+  init(norm_, ones);
+  if (output_ >= 0) {
+    const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+    init(output_, trunc(std, -3 * std, 3 * std));
+  }
+}
+
+at::Tensor Llama3::block(int64_t layer, const at::Tensor& x,
+                         const std::vector<at::Tensor>& w) const {
+  // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t hd = args_.dim / args_.n_heads;
+  at::Tensor h = rms_norm(x, w[0], args_.norm_eps);
+  at::Tensor q = at::linear(h, w[1]).view({B, T, args_.n_heads, hd});
+  at::Tensor k = at::linear(h, w[2]).view({B, T, args_.n_kv_heads, hd});
+  at::Tensor v = at::linear(h, w[3]).view({B, T, args_.n_kv_heads, hd});
+  q = apply_rope(q, rope_);
+  k = apply_rope(k, rope_);
+  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+  at::Tensor y = x + at::linear(attn, w[4]);
+  return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
+  (void)layer;
+}
+
+at::Tensor Llama3::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
+  at::Tensor emb = weight(tok_emb_);
+  at::Tensor h = at::embedding(emb, tokens);  // (B, T, D)
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    const LayerIdx& L = layers_[static_cast<size_t>(l)];
+    std::vector<at::Tensor> w;
+    for (int64_t i : {L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w1, L.w2, L.w3})
+      w.push_back(weight(i));
+    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
+                           : block(l, h, w);
+  }
+  h = rms_norm(h, weight(norm_), args_.norm_eps);
+  return at::linear(h, output_ >= 0 ? weight(output_) : emb);  // (B, T, V)
+}
+
+}  // namespace titan

@@ -1,0 +1,57 @@
+// Llama-3 (dense): RMSNorm, RoPE (optionally Llama-3.1-scaled), grouped-query attention,
+// SwiGLU feed-forward, tied or untied output.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace titan {
+
+struct Llama3Args {
+  int64_t dim = 256;
+  int64_t n_layers = 6;
+  int64_t n_heads = 16;
+  int64_t n_kv_heads = 16;
+  int64_t vocab_size = 2048;
+  int64_t multiple_of = 256;
+  double ffn_dim_multiplier = 0;  // 0: none
+  double norm_eps = 1e-5;
+  double rope_theta = 500000;
+  RopeScaling rope_scaling;
+  int64_t max_seq_len = 2048;
+  bool tie_embeddings = false;
+  bool depth_init = true;  // init std of output projections scales with layer depth
+};
+
+// h = int(2 * 4 * dim / 3); h = int(multiplier * h) if set; rounded up to multiple_of.
+int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier);
+
+Llama3Args llama3_flavor(const std::string& flavor);  // throws UserError
+std::vector<std::string> llama3_flavor_names();
+
+class Llama3 : public Model {
+ public:
+  Llama3(const Llama3Args& args, at::Device device);
+  at::Tensor forward(const at::Tensor& tokens) override;
+  void init_weights(uint64_t seed) override;
+  const ModelInfo& info() const override { return info_; }
+  const Llama3Args& args() const { return args_; }
+
+ private:
+  struct LayerIdx {
+    int64_t attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+  };
+  at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) const;
+
+  Llama3Args args_;
+  ModelInfo info_;
+  RopeTables rope_;
+  int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
+  std::vector<LayerIdx> layers_;
+  std::vector<BlockFn> block_fns_;  // one per layer, for activation checkpointing
+};
+
+}  // namespace titan

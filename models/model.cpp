@@ -1,0 +1,55 @@
+#include "models/model.h"
+
+#include "core/errors.h"
+#include "models/llama3.h"
+
+namespace titan {
+
+int64_t ParamStore::add(const std::string& name, at::Tensor value, bool weight_decay) {
+  TORCH_CHECK(index_of(name) < 0, "duplicate parameter ", name);
+  params_.push_back({name, value.requires_grad_(true), weight_decay});
+  return static_cast<int64_t>(params_.size()) - 1;
+}
+
+int64_t ParamStore::index_of(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+int64_t ParamStore::numel() const {
+  int64_t n = 0;
+  for (auto& p : params_) n += p.value.numel();
+  return n;
+}
+
+std::vector<at::Tensor> ParamStore::tensors() const {
+  std::vector<at::Tensor> t;
+  for (auto& p : params_) t.push_back(p.value);
+  return t;
+}
+
+at::Tensor Model::weight(int64_t i) const {
+  if (weight_fn_) return weight_fn_(i);
+  const at::Tensor& p = params_[i].value;
+  return p.scalar_type() == compute_dtype_ ? p : p.to(compute_dtype_);
+}
+
+std::vector<std::string> model_flavors(const std::string& name) {
+  if (name == "llama3") return llama3_flavor_names();
+  return {};
+}
+
+std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device) {
+  std::unique_ptr<Model> m;
+  if (cfg.model.name == "llama3") {
+    m = std::make_unique<Llama3>(llama3_flavor(cfg.model.flavor), device);
+  } else {
+    throw UserError("model.name = \"" + cfg.model.name +
+                    "\" is not built yet in this version; allowed: llama3");
+  }
+  m->init_weights(static_cast<uint64_t>(cfg.debug.seed));
+  return m;
+}
+
+}  // namespace titan

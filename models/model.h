@@ -1,0 +1,105 @@
+// The model interface the trainer drives, and the parameter store every model owns.
+//
+// Parameters live in a flat, named ParamStore (fp32 master copies). Model code never holds
+// a weight directly: it asks `weight(i)` for the compute form of parameter i. That one call
+// is where mixed precision (a differentiable cast to bf16) and, under FSDP, the all-gather of
+// a sharded parameter happen, so parallelism and precision change how a full weight is
+// materialized, not the model code (docs/design.md).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace titan {
+
+struct Param {
+  std::string name;      // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
+  at::Tensor value;      // fp32 master copy, requires_grad
+  bool weight_decay;     // matrices decay; norms, embeddings and biases do not
+};
+
+class ParamStore {
+ public:
+  // Registers a parameter and returns its index.
+  int64_t add(const std::string& name, at::Tensor value, bool weight_decay);
+  const std::vector<Param>& all() const { return params_; }
+  std::vector<Param>& all() { return params_; }
+  const Param& operator[](int64_t i) const { return params_[static_cast<size_t>(i)]; }
+  int64_t index_of(const std::string& name) const;  // -1 when absent
+  int64_t numel() const;
+  std::vector<at::Tensor> tensors() const;
+
+ private:
+  std::vector<Param> params_;
+};
+
+// How a full weight is materialized for compute. The default returns the parameter, cast
+// to the compute dtype when that differs (the cast is recorded by autograd, so gradients
+// reach the fp32 master copy).
+using WeightFn = std::function<at::Tensor(int64_t index)>;
+
+struct ModelInfo {
+  std::string name;          // "llama3", ...
+  std::string flavor;
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_params = 0;               // every parameter
+  int64_t n_params_embedding = 0;     // token embedding table
+  int64_t n_active_non_embedding = 0; // non-embedding parameters a token touches (MoE: top-k)
+  int64_t attn_flops_dims = 0;        // n_layers * n_heads * (qk_head_dim + v_head_dim)
+
+  // 6 * N_active_non_embedding + 6 * layers * heads * (qk + v head dims) * seq_len.
+  int64_t flops_per_token(int64_t seq_len) const {
+    return 6 * n_active_non_embedding + 6 * attn_flops_dims * seq_len;
+  }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype.
+  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // Re-initializes every parameter from `seed` (torchtitan's scheme, docs/models.md).
+  virtual void init_weights(uint64_t seed) = 0;
+  virtual const ModelInfo& info() const = 0;
+
+  // Extra loss terms (e.g. MoE auxiliary balance loss) accumulated by the last forward.
+  virtual at::Tensor aux_loss() { return at::Tensor(); }
+  // Called once per optimizer step, after the optimizer (MoE expert-bias update).
+  virtual void after_optimizer_step() {}
+
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+
+  void set_weight_fn(WeightFn fn) { weight_fn_ = std::move(fn); }
+  void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Activation checkpointing: recompute block i in backward when recompute_block(i).
+  void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
+
+ protected:
+  at::Tensor weight(int64_t i) const;
+  bool recompute_block(int64_t i) const { return recompute_ && recompute_(i); }
+
+  ParamStore params_;
+  WeightFn weight_fn_;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  std::function<bool(int64_t)> recompute_;
+};
+
+// Builds the model named by cfg.model (name, flavor) on `device`, initialized from
+// cfg.debug.seed. Throws UserError for an unknown flavor.
+std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device);
+// Flavor names of a family, for messages and docs.
+std::vector<std::string> model_flavors(const std::string& name);
+
+}  // namespace titan

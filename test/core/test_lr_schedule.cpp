@@ -1,0 +1,56 @@
+// LR schedule: warmup, stable and decay phases against hand-computed values.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "core/lr_schedule.h"
+
+using namespace titan;
+
+namespace {
+LRSchedulerSection sec(int64_t warmup, double ratio, const char* type, double floor) {
+  LRSchedulerSection s;
+  s.warmup_steps = warmup;
+  s.decay_ratio = ratio;
+  s.decay_type = type;
+  s.min_lr_factor = floor;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("lr: warmup then linear decay over the rest", "[lr]") {
+  LRSchedule s(sec(10, -1, "linear", 0.0), 1.0, 110);
+  CHECK(s.warmup_steps() == 10);
+  CHECK(s.stable_steps() == 0);
+  CHECK(s.decay_steps() == 100);
+  CHECK(s.lr(1) == Approx(0.1));
+  CHECK(s.lr(10) == Approx(1.0));
+  CHECK(s.lr(60) == Approx(0.5));
+  CHECK(s.lr(110) == Approx(0.0).margin(1e-12));
+}
+
+TEST_CASE("lr: warmup-stable-decay with a floor and each decay shape", "[lr]") {
+  // 100 steps: 10 warmup, decay_ratio 0.5 -> 50 decay, 40 stable.
+  for (const char* type : {"linear", "sqrt", "cosine"}) {
+    LRSchedule s(sec(10, 0.5, type, 0.1), 2.0, 100);
+    INFO(type);
+    CHECK(s.stable_steps() == 40);
+    CHECK(s.lr(30) == Approx(2.0));
+    CHECK(s.lr(50) == Approx(2.0));
+    CHECK(s.lr(100) == Approx(0.2));  // floor = min_lr_factor * peak
+    const double p = 25.0 / 50.0;  // step 75
+    double adj = std::string(type) == "linear" ? 1 - p
+                 : std::string(type) == "sqrt" ? 1 - std::sqrt(p)
+                                               : 0.5 * (1 + std::cos(M_PI * p));
+    CHECK(s.lr(75) == Approx(2.0 * (0.1 + 0.9 * adj)));
+    for (int64_t k = 51; k < 100; ++k) CHECK(s.lr(k + 1) <= s.lr(k));  // monotone decay
+  }
+}
+
+TEST_CASE("lr: no warmup and warmup longer than the run", "[lr]") {
+  LRSchedule a(sec(0, -1, "linear", 0.0), 1.0, 4);
+  CHECK(a.lr(1) == Approx(0.75));
+  LRSchedule b(sec(50, -1, "linear", 0.0), 1.0, 10);
+  CHECK(b.warmup_steps() == 10);
+  CHECK(b.lr(5) == Approx(0.5));
+}
