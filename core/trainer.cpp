@@ -243,6 +243,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       m.data_ms = data_ms / steps_in;
       m.fwdbwd_ms = fwdbwd_ms / steps_in;
       m.opt_ms = opt_ms / steps_in;
+      m.extra = model->extra_metrics();
       metrics.log_step(m);
       if (!std::isfinite(m.loss)) {
         log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) + "; stopping");

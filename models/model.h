@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,12 @@ class Model {
   virtual at::Tensor aux_loss() { return at::Tensor(); }
   // Called once per optimizer step, after the optimizer (MoE expert-bias update).
   virtual void after_optimizer_step() {}
+  // Named training state that is not a parameter (MoE expert biases, token counts), saved
+  // with checkpoints. The tensors are the live ones: loading copies into them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> buffers() { return {}; }
+  // Extra per-log-step metrics (MoE load statistics). May read device values: it is only
+  // called on log steps.
+  virtual std::map<std::string, double> extra_metrics() { return {}; }
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -85,6 +92,8 @@ class Model {
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // Activation checkpointing: recompute block i in backward when recompute_block(i).
   void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
+  // Sums a tensor over the data-parallel ranks in place (MoE token counts). Default: one rank.
+  void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
 
  protected:
   at::Tensor weight(int64_t i) const;
@@ -94,6 +103,7 @@ class Model {
   WeightFn weight_fn_;
   at::ScalarType compute_dtype_ = at::kFloat;
   std::function<bool(int64_t)> recompute_;
+  std::function<void(at::Tensor&)> dp_allreduce_;
 };
 
 // Builds the model named by cfg.model (name, flavor) on `device`, initialized from
