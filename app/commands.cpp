@@ -18,7 +18,8 @@ int run_tokenize(int argc, char** argv) {
   CLI::App app{"titan-train tokenize: pre-tokenize a text or JSONL file into a .tok file"};
   std::string tok_path, input, output;
   app.add_option("--tokenizer", tok_path, "tokenizer.json, or \"bytes\"")->required();
-  app.add_option("--input", input, "a .txt (blank-line separated documents) or .jsonl file")->required();
+  app.add_option("--input", input, "a .txt (blank-line separated documents) or .jsonl file")
+      ->required();
   app.add_option("--output", output, "the .tok file to write")->required();
   try {
     app.parse(argc, argv);

@@ -18,11 +18,13 @@ namespace {
 std::string read_whole_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
-    throw UserError("data file '" + path + "': does not exist; allowed: a .txt, .jsonl or .tok file");
+    throw UserError("data file '" + path +
+                    "': does not exist; allowed: a .txt, .jsonl or .tok file");
   if (std::filesystem::is_directory(path, ec))
     throw UserError("data file '" + path + "': is a folder; allowed: a .txt, .jsonl or .tok file");
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError("data file '" + path + "': cannot be read (" + std::strerror(errno) + ")");
+  if (!f)
+    throw UserError("data file '" + path + "': cannot be read (" + std::strerror(errno) + ")");
   std::stringstream ss;
   ss << f.rdbuf();
   std::string s = ss.str();
@@ -36,13 +38,17 @@ size_t invalid_utf8_at(const std::string& s) {
   size_t i = 0, n = s.size();
   while (i < n) {
     unsigned char c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
     if (len == 0 || i + len > n) return i;
     for (size_t k = 1; k < len; ++k)
       if ((p[i + k] & 0xC0) != 0x80) return i;
-    if (len == 2 && c < 0xC2) return i;                              // overlong
-    if (len == 3 && c == 0xE0 && p[i + 1] < 0xA0) return i;          // overlong
-    if (len == 3 && c == 0xED && p[i + 1] >= 0xA0) return i;         // surrogate
+    if (len == 2 && c < 0xC2) return i;                       // overlong
+    if (len == 3 && c == 0xE0 && p[i + 1] < 0xA0) return i;   // overlong
+    if (len == 3 && c == 0xED && p[i + 1] >= 0xA0) return i;  // surrogate
     if (len == 4 && (c > 0xF4 || (c == 0xF0 && p[i + 1] < 0x90) || (c == 0xF4 && p[i + 1] >= 0x90)))
       return i;
     i += len;
@@ -127,7 +133,9 @@ void write_token_file(const std::string& path, const TokenizedDocs& d) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o) throw UserError("output file '" + path + "': cannot be written (" + std::strerror(errno) + ")");
+    if (!o)
+      throw UserError("output file '" + path + "': cannot be written (" + std::strerror(errno) +
+                      ")");
     o.write("TITANTOK", 8);
     put<uint32_t>(o, 1);
     put<uint32_t>(o, width);
@@ -136,8 +144,10 @@ void write_token_file(const std::string& path, const TokenizedDocs& d) {
     put<uint64_t>(o, static_cast<uint64_t>(d.vocab_size));
     for (int64_t off : d.offsets) put<uint64_t>(o, static_cast<uint64_t>(off));
     for (int32_t t : d.tokens) {
-      if (width == 2) put<uint16_t>(o, static_cast<uint16_t>(t));
-      else put<uint32_t>(o, static_cast<uint32_t>(t));
+      if (width == 2)
+        put<uint16_t>(o, static_cast<uint16_t>(t));
+      else
+        put<uint32_t>(o, static_cast<uint32_t>(t));
     }
     o.flush();
     if (!o) throw UserError("output file '" + path + "': write failed (disk full?)");
@@ -148,7 +158,8 @@ void write_token_file(const std::string& path, const TokenizedDocs& d) {
 TokenizedDocs read_token_file(const std::string& path) {
   std::string s = read_whole_file(path);
   auto bad = [&](const std::string& why) {
-    return UserError("token file '" + path + "': " + why + "; allowed: a file made by `titan-train tokenize`");
+    return UserError("token file '" + path + "': " + why +
+                     "; allowed: a file made by `titan-train tokenize`");
   };
   if (s.size() < 40 || s.compare(0, 8, "TITANTOK") != 0) throw bad("missing the TITANTOK header");
   auto rd = [&](size_t off, auto v) {
@@ -162,11 +173,13 @@ TokenizedDocs read_token_file(const std::string& path) {
   if (docs > s.size() || ntok > s.size()) throw bad("counts larger than the file");
   const size_t need = 40 + 8 * (docs + 1) + width * ntok;
   if (s.size() != need)
-    throw bad("size " + std::to_string(s.size()) + " bytes, header implies " + std::to_string(need));
+    throw bad("size " + std::to_string(s.size()) + " bytes, header implies " +
+              std::to_string(need));
   TokenizedDocs d;
   d.vocab_size = static_cast<int64_t>(vocab);
   d.offsets.resize(docs + 1);
-  for (uint64_t i = 0; i <= docs; ++i) d.offsets[i] = static_cast<int64_t>(rd(40 + 8 * i, uint64_t{}));
+  for (uint64_t i = 0; i <= docs; ++i)
+    d.offsets[i] = static_cast<int64_t>(rd(40 + 8 * i, uint64_t{}));
   if (d.offsets.front() != 0 || d.offsets.back() != static_cast<int64_t>(ntok) ||
       !std::is_sorted(d.offsets.begin(), d.offsets.end()))
     throw bad("document offsets out of order");
@@ -174,13 +187,16 @@ TokenizedDocs read_token_file(const std::string& path) {
   const size_t base = 40 + 8 * (docs + 1);
   for (uint64_t i = 0; i < ntok; ++i) {
     uint32_t t = width == 2 ? rd(base + 2 * i, uint16_t{}) : rd(base + 4 * i, uint32_t{});
-    if (t >= vocab) throw bad("token " + std::to_string(t) + " outside the vocabulary of " + std::to_string(vocab));
+    if (t >= vocab)
+      throw bad("token " + std::to_string(t) + " outside the vocabulary of " +
+                std::to_string(vocab));
     d.tokens[i] = static_cast<int32_t>(t);
   }
   return d;
 }
 
-Splits split_and_pack(const TokenizedDocs& docs, double holdout_fraction, int32_t bos, int32_t eos) {
+Splits split_and_pack(const TokenizedDocs& docs, double holdout_fraction, int32_t bos,
+                      int32_t eos) {
   const int64_t n = docs.num_docs();
   int64_t held = static_cast<int64_t>(holdout_fraction * static_cast<double>(n));
   if (holdout_fraction > 0 && held == 0 && n >= 2) held = 1;
@@ -188,7 +204,8 @@ Splits split_and_pack(const TokenizedDocs& docs, double holdout_fraction, int32_
   for (int64_t d = 0; d < n; ++d) {
     auto& out = d < n - held ? s.train : s.heldout;
     if (bos >= 0) out.push_back(bos);
-    out.insert(out.end(), docs.tokens.begin() + docs.offsets[d], docs.tokens.begin() + docs.offsets[d + 1]);
+    out.insert(out.end(), docs.tokens.begin() + docs.offsets[d],
+               docs.tokens.begin() + docs.offsets[d + 1]);
     if (eos >= 0) out.push_back(eos);
   }
   return s;
@@ -196,8 +213,13 @@ Splits split_and_pack(const TokenizedDocs& docs, double holdout_fraction, int32_
 
 PackedLoader::PackedLoader(const std::vector<int32_t>* stream, int64_t seq_len, int64_t batch_size,
                            int64_t dp_rank, int64_t dp_size, uint64_t seed, bool shuffle)
-    : stream_(stream), seq_len_(seq_len), batch_(batch_size), rank_(dp_rank), dp_(dp_size),
-      seed_(seed), shuffle_(shuffle) {
+    : stream_(stream),
+      seq_len_(seq_len),
+      batch_(batch_size),
+      rank_(dp_rank),
+      dp_(dp_size),
+      seed_(seed),
+      shuffle_(shuffle) {
   n_windows_ = static_cast<int64_t>(stream_->size()) / (seq_len_ + 1);
   per_rank_ = n_windows_ / dp_;
   if (per_rank_ < batch_)
@@ -219,7 +241,8 @@ void PackedLoader::build_order() {
     }
   }
   order_.clear();
-  for (int64_t i = 0; i < per_rank_; ++i) order_.push_back(all[static_cast<size_t>(i * dp_ + rank_)]);
+  for (int64_t i = 0; i < per_rank_; ++i)
+    order_.push_back(all[static_cast<size_t>(i * dp_ + rank_)]);
 }
 
 void PackedLoader::load_state(const State& s) {
@@ -228,7 +251,8 @@ void PackedLoader::load_state(const State& s) {
 }
 
 Batch PackedLoader::next() {
-  if (st_.cursor + batch_ > per_rank_) {  // start a new epoch; the tail that does not fill a batch is skipped
+  if (st_.cursor + batch_ >
+      per_rank_) {  // start a new epoch; the tail that does not fill a batch is skipped
     ++st_.epoch;
     st_.cursor = 0;
     build_order();
@@ -237,7 +261,8 @@ Batch PackedLoader::next() {
   auto* out = buf.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch_; ++b) {
     const int64_t start = order_[static_cast<size_t>(st_.cursor + b)] * (seq_len_ + 1);
-    for (int64_t t = 0; t <= seq_len_; ++t) out[b * (seq_len_ + 1) + t] = (*stream_)[static_cast<size_t>(start + t)];
+    for (int64_t t = 0; t <= seq_len_; ++t)
+      out[b * (seq_len_ + 1) + t] = (*stream_)[static_cast<size_t>(start + t)];
   }
   st_.cursor += batch_;
   return {buf.slice(1, 0, seq_len_).contiguous(), buf.slice(1, 1, seq_len_ + 1).contiguous()};

@@ -18,12 +18,15 @@ double LRSchedule::factor(int64_t step) const {
   // Warmup rises linearly to 1 at step == warmup; decay reaches the floor at the last step.
   if (step <= warmup_) return static_cast<double>(step) / static_cast<double>(warmup_);
   if (step <= warmup_ + stable_ || decay_ == 0) return 1.0;
-  double progress = static_cast<double>(std::min(step - warmup_ - stable_, decay_)) /
-                    static_cast<double>(decay_);
+  double progress =
+      static_cast<double>(std::min(step - warmup_ - stable_, decay_)) / static_cast<double>(decay_);
   double adj = 1.0;
-  if (type_ == "linear") adj = 1.0 - progress;
-  else if (type_ == "sqrt") adj = 1.0 - std::sqrt(progress);
-  else adj = 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
+  if (type_ == "linear")
+    adj = 1.0 - progress;
+  else if (type_ == "sqrt")
+    adj = 1.0 - std::sqrt(progress);
+  else
+    adj = 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
   return min_factor_ + (1.0 - min_factor_) * adj;
 }
 

@@ -35,10 +35,14 @@ MetricsLogger::MetricsLogger(const std::string& dump_folder, bool writer, bool t
   if (!writer_) return;
   std::error_code ec;
   std::filesystem::create_directories(dump_folder, ec);
-  if (ec) throw UserError("job.dump_folder '" + dump_folder + "': cannot be created (" + ec.message() + ")");
-  std::string name = rank_ == 0 ? "metrics.jsonl" : "metrics_rank" + std::to_string(rank_) + ".jsonl";
+  if (ec)
+    throw UserError("job.dump_folder '" + dump_folder + "': cannot be created (" + ec.message() +
+                    ")");
+  std::string name =
+      rank_ == 0 ? "metrics.jsonl" : "metrics_rank" + std::to_string(rank_) + ".jsonl";
   jsonl_.open(dump_folder + "/" + name, std::ios::app);
-  if (!jsonl_) throw UserError("metrics file '" + dump_folder + "/" + name + "': cannot be written");
+  if (!jsonl_)
+    throw UserError("metrics file '" + dump_folder + "/" + name + "': cannot be written");
   if (tensorboard) {
     std::string folder = dump_folder + "/" + tb_folder;
     if (rank_ != 0) folder += "/rank_" + std::to_string(rank_);
@@ -72,17 +76,21 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     progress_shown_ = false;
   }
   std::ostringstream os;
-  auto c = [&](const char* code) { return color_ ? std::string("\033[") + code + "m" : std::string(); };
-  os << c("31") << "step: " << std::setw(5) << m.step << c("0") << "  " << c("32") << "loss: "
-     << std::fixed << std::setprecision(4) << m.loss << c("0");
+  auto c = [&](const char* code) {
+    return color_ ? std::string("\033[") + code + "m" : std::string();
+  };
+  os << c("31") << "step: " << std::setw(5) << m.step << c("0") << "  " << c("32")
+     << "loss: " << std::fixed << std::setprecision(4) << m.loss << c("0");
   if (m.loss_max != m.loss) os << " (max " << std::setprecision(4) << m.loss_max << ")";
   os << "  grad_norm: " << std::setprecision(4) << m.grad_norm << "  lr: " << std::scientific
-     << std::setprecision(2) << m.lr << std::fixed << "  " << c("33") << "memory: "
-     << std::setprecision(2) << m.memory_gib << "GiB(" << m.memory_kind << ")" << c("0") << "  "
-     << c("34") << "tps: " << std::setprecision(0) << m.tps << c("0") << "  tflops: "
-     << std::setprecision(3) << m.tflops << "  mfu: ";
-  if (m.mfu < 0) os << "n/a";
-  else os << std::setprecision(2) << m.mfu << "%";
+     << std::setprecision(2) << m.lr << std::fixed << "  " << c("33")
+     << "memory: " << std::setprecision(2) << m.memory_gib << "GiB(" << m.memory_kind << ")"
+     << c("0") << "  " << c("34") << "tps: " << std::setprecision(0) << m.tps << c("0")
+     << "  tflops: " << std::setprecision(3) << m.tflops << "  mfu: ";
+  if (m.mfu < 0)
+    os << "n/a";
+  else
+    os << std::setprecision(2) << m.mfu << "%";
   os << "  time(ms) data/fwdbwd/opt: " << std::setprecision(1) << m.data_ms << "/" << m.fwdbwd_ms
      << "/" << m.opt_ms;
   log_info(os.str());

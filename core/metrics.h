@@ -14,14 +14,14 @@ class TensorBoardWriter;
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0;       // global mean loss per token
-  double loss_max = 0;   // largest per-rank loss
+  double loss = 0;      // global mean loss per token
+  double loss_max = 0;  // largest per-rank loss
   double grad_norm = 0;
   double lr = 0;
-  double tps = 0;        // tokens per second per rank
-  double tflops = 0;     // achieved TFLOP/s per rank
-  double mfu = -1;       // percent of the device's bf16 dense peak; < 0: unknown (CPU)
-  double memory_gib = 0; // CUDA allocator maximum, or process max RSS on CPU
+  double tps = 0;         // tokens per second per rank
+  double tflops = 0;      // achieved TFLOP/s per rank
+  double mfu = -1;        // percent of the device's bf16 dense peak; < 0: unknown (CPU)
+  double memory_gib = 0;  // CUDA allocator maximum, or process max RSS on CPU
   std::string memory_kind = "rss";
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
   std::map<std::string, double> extra;  // e.g. per-layer MoE load statistics

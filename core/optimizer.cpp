@@ -59,7 +59,8 @@ at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return at::zeros({}, params.empty() ? at::TensorOptions() : params[0].options());
+  if (grads.empty())
+    return at::zeros({}, params.empty() ? at::TensorOptions() : params[0].options());
   auto norms = at::_foreach_norm(grads, 2);
   return at::stack(norms).to(at::kFloat).pow(2).sum();
 }

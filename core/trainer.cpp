@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/cuda_info.h"
 #include "core/data.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -37,10 +38,14 @@ std::string resolve_tokenizer(const ModelSection& m) {
 std::string human(int64_t n) {
   std::ostringstream os;
   os.precision(3);
-  if (n >= 1000000000) os << n / 1e9 << "B";
-  else if (n >= 1000000) os << n / 1e6 << "M";
-  else if (n >= 1000) os << n / 1e3 << "K";
-  else os << n;
+  if (n >= 1000000000)
+    os << n / 1e9 << "B";
+  else if (n >= 1000000)
+    os << n / 1e6 << "M";
+  else if (n >= 1000)
+    os << n / 1e3 << "K";
+  else
+    os << n;
   return os.str();
 }
 
@@ -115,8 +120,9 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   const ModelInfo& info = model->info();
   if (tokenizer->vocab_size() != info.vocab_size)
     throw UserError("tokenizer '" + tok_path + "' has a vocabulary of " +
-                    std::to_string(tokenizer->vocab_size()) + " tokens but model " + cfg.model.name +
-                    "/" + cfg.model.flavor + " has " + std::to_string(info.vocab_size) +
+                    std::to_string(tokenizer->vocab_size()) + " tokens but model " +
+                    cfg.model.name + "/" + cfg.model.flavor + " has " +
+                    std::to_string(info.vocab_size) +
                     "; allowed: a tokenizer whose vocabulary matches the flavor");
   if (cfg.training.seq_len > info.max_seq_len)
     throw UserError("training.seq_len = " + std::to_string(cfg.training.seq_len) +
@@ -128,13 +134,14 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   const std::string data_path =
       resolve_dataset(cfg.training.dataset, cfg.training.dataset_path, "training.dataset");
   TokenizedDocs docs = load_documents(data_path, *tokenizer);
-  Splits splits = split_and_pack(docs, cfg.training.holdout_fraction, tokenizer->bos_id(),
-                                 tokenizer->eos_id());
+  Splits splits =
+      split_and_pack(docs, cfg.training.holdout_fraction, tokenizer->bos_id(), tokenizer->eos_id());
   if (!cfg.validation.dataset_path.empty() || !cfg.validation.dataset.empty()) {
-    std::string vpath = resolve_dataset(cfg.validation.dataset, cfg.validation.dataset_path,
-                                        "validation.dataset");
+    std::string vpath =
+        resolve_dataset(cfg.validation.dataset, cfg.validation.dataset_path, "validation.dataset");
     splits.heldout = split_and_pack(load_documents(vpath, *tokenizer), 0.0, tokenizer->bos_id(),
-                                    tokenizer->eos_id()).train;
+                                    tokenizer->eos_id())
+                         .train;
   }
   const int64_t dp_rank = 0;
   PackedLoader loader(&splits.train, cfg.training.seq_len, cfg.training.local_batch_size, dp_rank,
@@ -157,15 +164,18 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   std::string dev_name = "CPU";
   double peak = 0;
   if (cuda) {
-    dev_name = "CUDA:" + std::to_string(device.index());
-    peak = 0;  // filled in by the CUDA build's device query (core/cuda_info)
+    CudaDeviceInfo ci = cuda_device_info(device.index());
+    dev_name = "CUDA:" + std::to_string(device.index()) + " " + ci.name + " (sm_" +
+               std::to_string(ci.major) + std::to_string(ci.minor) + ")";
+    peak = peak_flops_for_device(ci.name);
   }
   log_info("=> device = " + dev_name + (bf16 ? " (bf16 compute, fp32 master weights)" : " (fp32)"));
   log_info("=> model = " + cfg.model.name + "/" + cfg.model.flavor + ": " + human(info.n_params) +
            " parameters (" + human(info.n_active_non_embedding) + " active non-embedding), " +
            human(flops_per_token) + " FLOPs per token at seq_len " +
            std::to_string(cfg.training.seq_len));
-  log_info("=> tokenizer = " + tok_path + " (vocab " + std::to_string(tokenizer->vocab_size()) + ")");
+  log_info("=> tokenizer = " + tok_path + " (vocab " + std::to_string(tokenizer->vocab_size()) +
+           ")");
   log_info("=> data = " + data_path + ": " + std::to_string(docs.num_docs()) + " documents, " +
            human(static_cast<int64_t>(splits.train.size())) + " training tokens, " +
            human(static_cast<int64_t>(splits.heldout.size())) + " held-out tokens, " +
@@ -181,13 +191,13 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
 
   const bool writer = launch.rank == 0 || cfg.metrics.save_for_all_ranks;
   MetricsLogger metrics(cfg.job.dump_folder, writer, cfg.metrics.enable_tensorboard,
-                        cfg.metrics.save_tb_folder, !cfg.metrics.disable_color_printing && log_is_tty(),
-                        launch.rank);
+                        cfg.metrics.save_tb_folder,
+                        !cfg.metrics.disable_color_printing && log_is_tty(), launch.rank);
 
   auto validate = [&](int64_t step) {
     at::NoGradGuard ng;
-    PackedLoader vl(&splits.heldout, cfg.validation.seq_len, cfg.validation.local_batch_size, dp_rank,
-                    d.dp_degree, 0, /*shuffle=*/false);
+    PackedLoader vl(&splits.heldout, cfg.validation.seq_len, cfg.validation.local_batch_size,
+                    dp_rank, d.dp_degree, 0, /*shuffle=*/false);
     int64_t n = cfg.validation.steps < 0 ? vl.windows_per_rank() / cfg.validation.local_batch_size
                                          : cfg.validation.steps;
     at::Tensor sum = at::zeros({}, at::TensorOptions().device(device).dtype(at::kDouble));
@@ -209,7 +219,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
   bool first_step_logged = false;
   for (int64_t step = 1; step <= cfg.training.steps; ++step) {
-    const bool log_step = step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps;
+    const bool log_step =
+        step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps;
     auto t0 = Clock::now();
     std::vector<MicroBatch> micro;
     for (int64_t m = 0; m < d.grad_accum_steps; ++m) {
@@ -218,13 +229,17 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     }
     data_ms += ms_since(t0);
     const double lr = sched.lr(step);
-    StepResult r = train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm, log_step);
+    StepResult r =
+        train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm, log_step);
     fwdbwd_ms += r.fwdbwd_ms;
     opt_ms += r.opt_ms;
     tokens_since_log += cfg.training.local_batch_size * d.grad_accum_steps * cfg.training.seq_len;
     if (!first_step_logged) {
+      const auto unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
       log_info("=> first step done " + std::to_string(static_cast<int64_t>(ms_since(t_exec))) +
-               " ms after start");
+               " ms after start (unix_ms " + std::to_string(unix_ms) + ")");
       first_step_logged = true;
     }
     if (log_step) {
@@ -238,7 +253,12 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       m.tps = static_cast<double>(tokens_since_log) / secs;
       m.tflops = m.tps * static_cast<double>(flops_per_token) / 1e12;
       m.mfu = peak > 0 ? 100.0 * m.tflops * 1e12 / peak : -1;
-      m.memory_gib = max_rss_gib();
+      if (cuda) {
+        m.memory_gib = static_cast<double>(cuda_peak_allocated(device.index())) / (1 << 30);
+        m.memory_kind = "cuda max allocated";
+      } else {
+        m.memory_gib = max_rss_gib();
+      }
       const double steps_in = static_cast<double>(step == 1 ? 1 : cfg.metrics.log_freq);
       m.data_ms = data_ms / steps_in;
       m.fwdbwd_ms = fwdbwd_ms / steps_in;
@@ -246,7 +266,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       m.extra = model->extra_metrics();
       metrics.log_step(m);
       if (!std::isfinite(m.loss)) {
-        log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) + "; stopping");
+        log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
+                 "; stopping");
         return 1;
       }
       t_last_log = Clock::now();

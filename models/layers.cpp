@@ -13,8 +13,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return (y * w.to(at::kFloat)).to(x.scalar_type());
 }
 
-RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
-                       const RopeScaling& s, at::Device device) {
+RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling& s,
+                       at::Device device) {
   // freqs_i = theta^(-2i/D), i < D/2, computed in double then stored as fp32.
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor freqs = at::pow(theta, -at::arange(0, head_dim, 2, opts).slice(0, 0, head_dim / 2) /
@@ -47,7 +47,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   const int64_t T = x.size(1), D = x.size(3);
   at::Tensor xf = x.to(at::kFloat).reshape({x.size(0), T, x.size(2), D / 2, 2});
-  at::Tensor x0 = xf.select(-1, 0), x1 = xf.select(-1, 1);     // (B, T, H, D/2)
+  at::Tensor x0 = xf.select(-1, 0), x1 = xf.select(-1, 1);           // (B, T, H, D/2)
   at::Tensor c = rope.cos.slice(0, 0, T).unsqueeze(0).unsqueeze(2);  // (1, T, 1, D/2)
   at::Tensor s = rope.sin.slice(0, 0, T).unsqueeze(0).unsqueeze(2);
   at::Tensor out = at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1);
@@ -75,8 +75,7 @@ at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w
   return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
 }
 
-void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b,
-                   at::Generator& gen) {
+void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen) {
   // Sample U in [cdf(a), cdf(b)] and map through the inverse normal CDF.
   auto cdf = [](double x) { return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))); };
   const double lo = cdf((a - mean) / std), hi = cdf((b - mean) / std);
@@ -145,6 +144,8 @@ at::Tensor checkpoint_block(const BlockFn& fn, const at::Tensor& x,
   return CheckpointBlock::apply(reinterpret_cast<int64_t>(&fn), x, at::TensorList(weights))[0];
 }
 
-bool is_recomputing() { return g_recompute_depth > 0; }
+bool is_recomputing() {
+  return g_recompute_depth > 0;
+}
 
 }  // namespace titan

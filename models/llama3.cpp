@@ -57,8 +57,8 @@ Llama3Args llama3_flavor(const std::string& flavor) {
   if (it == flavors().end()) {
     std::string allowed;
     for (auto& n : llama3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor + "\" is not a llama3 flavor; allowed: " +
-                    allowed);
+    throw UserError("model.flavor = \"" + flavor +
+                    "\" is not a llama3 flavor; allowed: " + allowed);
   }
   return it->second;
 }

@@ -20,9 +20,9 @@
 namespace titan {
 
 struct Param {
-  std::string name;      // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
-  at::Tensor value;      // fp32 master copy, requires_grad
-  bool weight_decay;     // matrices decay; norms, embeddings and biases do not
+  std::string name;   // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
+  at::Tensor value;   // fp32 master copy, requires_grad
+  bool weight_decay;  // matrices decay; norms, embeddings and biases do not
 };
 
 class ParamStore {
@@ -46,16 +46,16 @@ class ParamStore {
 using WeightFn = std::function<at::Tensor(int64_t index)>;
 
 struct ModelInfo {
-  std::string name;          // "llama3", ...
+  std::string name;  // "llama3", ...
   std::string flavor;
   int64_t vocab_size = 0;
   int64_t max_seq_len = 0;
   int64_t dim = 0;
   int64_t n_layers = 0;
-  int64_t n_params = 0;               // every parameter
-  int64_t n_params_embedding = 0;     // token embedding table
-  int64_t n_active_non_embedding = 0; // non-embedding parameters a token touches (MoE: top-k)
-  int64_t attn_flops_dims = 0;        // n_layers * n_heads * (qk_head_dim + v_head_dim)
+  int64_t n_params = 0;                // every parameter
+  int64_t n_params_embedding = 0;      // token embedding table
+  int64_t n_active_non_embedding = 0;  // non-embedding parameters a token touches (MoE: top-k)
+  int64_t attn_flops_dims = 0;         // n_layers * n_heads * (qk_head_dim + v_head_dim)
 
   // 6 * N_active_non_embedding + 6 * layers * heads * (qk + v head dims) * seq_len.
   int64_t flops_per_token(int64_t seq_len) const {

@@ -38,7 +38,7 @@ TEST_CASE("lr: warmup-stable-decay with a floor and each decay shape", "[lr]") {
     CHECK(s.lr(30) == Approx(2.0));
     CHECK(s.lr(50) == Approx(2.0));
     CHECK(s.lr(100) == Approx(0.2));  // floor = min_lr_factor * peak
-    const double p = 25.0 / 50.0;  // step 75
+    const double p = 25.0 / 50.0;     // step 75
     double adj = std::string(type) == "linear" ? 1 - p
                  : std::string(type) == "sqrt" ? 1 - std::sqrt(p)
                                                : 0.5 * (1 + std::cos(M_PI * p));

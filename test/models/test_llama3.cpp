@@ -145,10 +145,10 @@ TEST_CASE("llama3: flavors have their published sizes", "[llama3]") {
                         3 * a.dim * ffn;
     return a.vocab_size * a.dim * (a.tie_embeddings ? 1 : 2) + a.n_layers * per_layer + a.dim;
   };
-  CHECK(count(llama3_flavor("8B")) == 8030261248);   // Llama-3.1-8B
-  CHECK(count(llama3_flavor("1B")) == 1235814400);   // Llama-3.2-1B
-  CHECK(count(llama3_flavor("3B")) == 3212749824);   // Llama-3.2-3B
-  CHECK(count(llama3_flavor("70B")) == 70553706496); // Llama-3.1-70B
+  CHECK(count(llama3_flavor("8B")) == 8030261248);    // Llama-3.1-8B
+  CHECK(count(llama3_flavor("1B")) == 1235814400);    // Llama-3.2-1B
+  CHECK(count(llama3_flavor("3B")) == 3212749824);    // Llama-3.2-3B
+  CHECK(count(llama3_flavor("70B")) == 70553706496);  // Llama-3.1-70B
   Llama3 debug(llama3_flavor("debugmodel"), at::kCPU);
   CHECK(debug.info().n_params == count(llama3_flavor("debugmodel")));
   CHECK_THROWS_AS(llama3_flavor("7B"), UserError);

@@ -1,0 +1,29 @@
+#include "core/cuda_info.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+
+namespace titan {
+
+CudaDeviceInfo cuda_device_info(int device) {
+  CudaDeviceInfo info;
+  if (!at::hasCUDA()) return info;
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(device);
+  info.available = true;
+  info.name = p->name;
+  info.major = p->major;
+  info.minor = p->minor;
+  info.total_memory = static_cast<int64_t>(p->totalGlobalMem);
+  return info;
+}
+
+int64_t cuda_peak_allocated(int device) {
+  if (!at::hasCUDA()) return 0;
+  auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+}
+
+}  // namespace titan
