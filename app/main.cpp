@@ -1,4 +1,5 @@
 // titan-train: parse, build, run; maps user errors to exit status 2.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -11,6 +12,9 @@
 
 int main(int argc, char** argv) {
   using namespace titan;
+  // A file-size limit (or a full quota) then fails the write with EFBIG instead of killing
+  // the process, so a checkpoint save can report it and keep the previous checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
     for (int i = 1; i < argc; ++i) {

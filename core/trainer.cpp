@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
+#include "core/checkpoint.h"
 #include "core/cuda_info.h"
 #include "core/data.h"
 #include "core/errors.h"
@@ -96,6 +98,7 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
 
 int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   const auto t_exec = Clock::now();
+  install_preemption_handlers();
   if (launch.world_size > 1)
     throw UserError("world size " + std::to_string(launch.world_size) + " (" + launch.source +
                     "): multi-process training is not implemented in this version; run one "
@@ -212,13 +215,22 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     metrics.log_validation(step, loss, std::exp(loss), tokens);
   };
 
+  // ---- resume ----------------------------------------------------------------------------------
+  Checkpointer ckpt(cfg, launch.rank, launch.world_size);
+  TrainingState state{model.get(), &opt, &loader, 0, 0};
+  if (cfg.checkpoint.enable) {
+    std::string what = ckpt.load(state);
+    log_info("=> checkpoint: " +
+             (what.empty() ? "none found under " + ckpt.root() + ", starting fresh" : what));
+  }
+
   // ---- the loop --------------------------------------------------------------------------------
   const double global_tokens = static_cast<double>(d.tokens_per_step);
   auto t_last_log = Clock::now();
   int64_t tokens_since_log = 0;
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
   bool first_step_logged = false;
-  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+  for (int64_t step = state.step + 1; step <= cfg.training.steps; ++step) {
     const bool log_step =
         step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps;
     auto t0 = Clock::now();
@@ -228,7 +240,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       micro.push_back({b.tokens.to(device, /*non_blocking=*/true), b.labels.to(device, true)});
     }
     data_ms += ms_since(t0);
-    const double lr = sched.lr(step);
+    const double lr = sched.lr(step - state.lr_step_offset);
     StepResult r =
         train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm, log_step);
     fwdbwd_ms += r.fwdbwd_ms;
@@ -278,7 +290,24 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
                        std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (cfg.validation.enable && step % cfg.validation.freq == 0) validate(step);
+    state.step = step;
+    if (int sig = preemption_signal()) {
+      log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) + ") after step " +
+               std::to_string(step) +
+               (cfg.checkpoint.enable ? ": saving and exiting"
+                                      : ": checkpointing is disabled, exiting without saving"));
+      if (cfg.checkpoint.enable) {
+        ckpt.save(state, /*model_only=*/false);
+        ckpt.wait();
+      }
+      return 0;
+    }
+    if (cfg.checkpoint.enable && step % cfg.checkpoint.interval == 0 && step != cfg.training.steps)
+      ckpt.save(state, /*model_only=*/false);
   }
+  if (cfg.checkpoint.enable && state.step == cfg.training.steps)
+    ckpt.save(state, cfg.checkpoint.last_save_model_only);
+  ckpt.wait();
   log_info("training done: " + std::to_string(cfg.training.steps) + " steps");
   return 0;
 }

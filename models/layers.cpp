@@ -8,9 +8,8 @@
 namespace titan {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return (y * w.to(at::kFloat)).to(x.scalar_type());
+  // ATen's kernel upcasts internally; one op instead of five keeps the autograd graph small.
+  return at::rms_norm(x, {x.size(-1)}, w.to(x.scalar_type()), eps);
 }
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling& s,
@@ -41,17 +40,16 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, cons
   }
   at::Tensor t = at::arange(max_seq_len, opts.dtype(at::kFloat));
   at::Tensor angles = at::outer(t, freqs.to(at::kFloat));  // (T, D/2), fp32 like torchtitan
-  return {at::cos(angles).to(device), at::sin(angles).to(device)};
+  return {at::polar(at::ones_like(angles), angles).to(device)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
+  // Adjacent pairs as complex numbers times e^(i * angle): one complex multiply.
   const int64_t T = x.size(1), D = x.size(3);
-  at::Tensor xf = x.to(at::kFloat).reshape({x.size(0), T, x.size(2), D / 2, 2});
-  at::Tensor x0 = xf.select(-1, 0), x1 = xf.select(-1, 1);           // (B, T, H, D/2)
-  at::Tensor c = rope.cos.slice(0, 0, T).unsqueeze(0).unsqueeze(2);  // (1, T, 1, D/2)
-  at::Tensor s = rope.sin.slice(0, 0, T).unsqueeze(0).unsqueeze(2);
-  at::Tensor out = at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1);
-  return out.flatten(3).to(x.scalar_type());
+  at::Tensor xc =
+      at::view_as_complex(x.to(at::kFloat).reshape({x.size(0), T, x.size(2), D / 2, 2}));
+  at::Tensor f = rope.cis.slice(0, 0, T).view({1, T, 1, D / 2});
+  return at::view_as_real(xc * f).flatten(3).to(x.scalar_type());
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

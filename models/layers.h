@@ -19,9 +19,9 @@ struct RopeScaling {
   int64_t original_max_seq_len = 8192;
 };
 
-// cos/sin tables for rotary embeddings: each (max_seq_len, head_dim / 2), fp32.
+// Rotary embedding table e^(i * t * freq): (max_seq_len, head_dim / 2), complex64.
 struct RopeTables {
-  at::Tensor cos, sin;
+  at::Tensor cis;
 };
 RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
                        const RopeScaling& scaling, at::Device device);

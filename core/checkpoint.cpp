@@ -1,0 +1,362 @@
+#include "core/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/safetensors.h"
+
+namespace titan {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void on_preempt(int sig) {
+  g_signal.store(sig);
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string rank_file(int64_t rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05lld.safetensors", static_cast<long long>(rank));
+  return buf;
+}
+
+// Writes a small file durably: temp file, fsync, rename.
+void write_small_file(const fs::path& path, const std::string& text) {
+  const std::string tmp = path.string() + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UserError("cannot create '" + tmp + "': " + std::strerror(errno));
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      throw UserError("cannot write '" + tmp + "': " + std::strerror(e));
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw UserError("cannot write '" + tmp + "': " + std::strerror(errno));
+  fs::rename(tmp, path);
+}
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) throw UserError("checkpoint file '" + p.string() + "': cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw UserError("checkpoint file '" + p.string() + "': not a JSON object (corrupt?)");
+  return j;
+}
+
+}  // namespace
+
+void install_preemption_handlers() {
+  std::signal(SIGTERM, on_preempt);
+  std::signal(SIGUSR1, on_preempt);
+}
+int preemption_signal() {
+  return g_signal.load();
+}
+
+Checkpointer::Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size)
+    : cfg_(cfg), rank_(rank), world_(world_size) {
+  root_ = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
+}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
+std::vector<int64_t> Checkpointer::complete_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return steps;
+  static const std::regex re("^step-([0-9]+)$");
+  for (auto& e : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(name, m, re)) continue;
+    // The rename makes a folder complete; the marker files are a second guard.
+    if (fs::exists(e.path() / "metadata.json") && fs::exists(e.path() / "train_state.json"))
+      steps.push_back(std::stoll(m[1]));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+Checkpointer::Snapshot Checkpointer::snapshot(const TrainingState& st, bool model_only) const {
+  at::NoGradGuard ng;
+  Snapshot s;
+  s.step = st.step;
+  auto cpu_copy = [](const at::Tensor& t) {
+    return t.detach().to(at::kCPU, false, true).contiguous();
+  };
+  for (auto& p : st.model->params().all())
+    s.tensors.emplace_back("model/" + p.name, cpu_copy(p.value));
+  for (auto& [name, t] : st.model->buffers())
+    s.tensors.emplace_back("buffers/" + name, cpu_copy(t));
+  json ts;
+  ts["format"] = 1;
+  ts["step"] = st.step;
+  ts["model_only"] = model_only;
+  ts["world_size"] = world_;
+  if (!model_only) {
+    const auto& params = st.model->params().all();
+    for (size_t i = 0; i < params.size(); ++i) {
+      s.tensors.emplace_back("optimizer/exp_avg/" + params[i].name,
+                             cpu_copy(st.optimizer->exp_avg()[i]));
+      s.tensors.emplace_back("optimizer/exp_avg_sq/" + params[i].name,
+                             cpu_copy(st.optimizer->exp_avg_sq()[i]));
+      s.tensors.emplace_back("optimizer/step/" + params[i].name,
+                             cpu_copy(st.optimizer->steps()[i]));
+    }
+    s.tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+    ts["lr_step_offset"] = st.lr_step_offset;
+    auto ls = st.loader->state();
+    ts["dataloader"] = {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"dp", world_}};
+  }
+  ts["config"] = dump_config_toml(cfg_);
+  s.train_state_json = ts.dump(1);
+  return s;
+}
+
+void Checkpointer::write(const Snapshot& s) {
+  const fs::path final_dir = fs::path(root_) / ("step-" + std::to_string(s.step));
+  const fs::path tmp =
+      fs::path(root_) / ("step-" + std::to_string(s.step) + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) return;  // this step is already saved and complete
+  try {
+    fs::create_directories(tmp);
+    save_safetensors((tmp / rank_file(rank_)).string(), s.tensors,
+                     {{"format", "titan-train checkpoint 1"}});
+    json meta;
+    meta["format"] = 1;
+    meta["world_size"] = world_;
+    json& tensors = meta["tensors"];
+    for (auto& [name, t] : s.tensors) {
+      json e;
+      e["shape"] = t.sizes().vec();
+      e["dtype"] = std::string(c10::toString(t.scalar_type()));
+      const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      e["shards"] = json::array(
+          {{{"file", rank_file(rank_)}, {"key", name}, {"dim0_offset", 0}, {"dim0_rows", rows}}});
+      tensors[name] = e;
+    }
+    write_small_file(tmp / "metadata.json", meta.dump(1));
+    write_small_file(tmp / "train_state.json", s.train_state_json);
+    if (const char* d = std::getenv("TITAN_TEST_CHECKPOINT_DELAY_MS"))  // tests: a slow disk
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+    fsync_dir(tmp);
+    fs::rename(tmp, final_dir);
+    fsync_dir(root_);
+  } catch (const std::exception& e) {
+    fs::remove_all(tmp, ec);
+    auto prev = complete_steps(root_);
+    std::string kept =
+        prev.empty() ? "there is no earlier checkpoint"
+                     : "the previous checkpoint step-" + std::to_string(prev.back()) + " is kept";
+    throw UserError("checkpoint save of step " + std::to_string(s.step) + " to '" + tmp.string() +
+                    "' failed: " + e.what() + "; " + kept);
+  }
+  log_info("checkpoint: saved step " + std::to_string(s.step) + " to " + final_dir.string());
+  prune();
+}
+
+void Checkpointer::prune() {
+  const int64_t k = cfg_.checkpoint.keep_latest_k;
+  if (k <= 0) return;
+  auto steps = complete_steps(root_);
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(k) < steps.size(); ++i)
+    fs::remove_all(fs::path(root_) / ("step-" + std::to_string(steps[i])), ec);
+}
+
+void Checkpointer::save(const TrainingState& st, bool model_only) {
+  wait();
+  Snapshot s = snapshot(st, model_only);
+  if (cfg_.checkpoint.async_mode == "disabled") {
+    write(s);
+    return;
+  }
+  // Async: the snapshot is already a CPU copy; the write overlaps the next steps.
+  writer_ = std::thread([this, s = std::move(s)]() {
+    try {
+      write(s);
+    } catch (...) {
+      writer_error_ = std::current_exception();
+    }
+  });
+}
+
+void Checkpointer::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (writer_error_) {
+    auto e = writer_error_;
+    writer_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool model_only,
+                               const std::vector<std::string>& exclude) {
+  at::NoGradGuard ng;
+  auto excluded = [&](const char* part) {
+    return std::find(exclude.begin(), exclude.end(), part) != exclude.end();
+  };
+  const fs::path d(dir);
+  json meta = read_json(d / "metadata.json");
+  json ts = read_json(d / "train_state.json");
+  if (!meta.contains("tensors") || !meta["tensors"].is_object())
+    throw UserError("checkpoint file '" + (d / "metadata.json").string() +
+                    "': has no \"tensors\" map");
+  std::map<std::string, SafetensorsFile> files;
+  auto file = [&](const std::string& name) -> SafetensorsFile& {
+    auto it = files.find(name);
+    if (it == files.end())
+      it = files.emplace(name, SafetensorsFile::open((d / name).string())).first;
+    return it->second;
+  };
+  // Assembles a global tensor from its dim-0 shards.
+  auto fetch = [&](const std::string& key) -> std::optional<at::Tensor> {
+    if (!meta["tensors"].contains(key)) return std::nullopt;
+    const json& e = meta["tensors"][key];
+    std::vector<std::pair<int64_t, at::Tensor>> parts;
+    for (auto& sh : e["shards"])
+      parts.emplace_back(sh["dim0_offset"].get<int64_t>(),
+                         file(sh["file"].get<std::string>()).get(sh["key"].get<std::string>()));
+    std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    at::Tensor t = parts.size() == 1 ? parts[0].second : [&] {
+      std::vector<at::Tensor> ts;
+      for (auto& p : parts) ts.push_back(p.second);
+      return at::cat(ts, 0);
+    }();
+    auto shape = e["shape"].get<std::vector<int64_t>>();
+    if (t.sizes().vec() != shape)
+      throw UserError("checkpoint '" + dir + "': shards of " + key + " assemble to " +
+                      shape_str(t.sizes()) + " but metadata.json says " + shape_str(shape));
+    return t;
+  };
+  auto restore = [&](const std::string& key, at::Tensor& dst, bool required) {
+    auto t = fetch(key);
+    if (!t) {
+      if (required)
+        throw UserError("checkpoint '" + dir + "': no tensor " + key +
+                        "; the model expects one of shape " + shape_str(dst.sizes()) +
+                        " (was it saved with another model config?)");
+      return false;
+    }
+    if (t->sizes() != dst.sizes())
+      throw UserError("checkpoint '" + dir + "': tensor " + key + " has shape " +
+                      shape_str(t->sizes()) + " but the model expects " + shape_str(dst.sizes()) +
+                      " (a different model config?)");
+    dst.copy_(*t);
+    return true;
+  };
+
+  auto& params = st.model->params().all();
+  if (!excluded("model")) {
+    std::set<std::string> expected;
+    for (auto& p : params) expected.insert("model/" + p.name);
+    for (auto& [k, v] : meta["tensors"].items())
+      if (k.rfind("model/", 0) == 0 && !expected.count(k))
+        throw UserError("checkpoint '" + dir + "': holds " + k + " of shape " +
+                        shape_str(v["shape"].get<std::vector<int64_t>>()) +
+                        ", which this model does not have (a different model config?)");
+    for (auto& p : params) restore("model/" + p.name, p.value, true);
+  }
+  for (auto& [name, t] : st.model->buffers()) restore("buffers/" + name, t, false);
+  const bool ckpt_model_only = ts.value("model_only", false);
+  if (model_only || ckpt_model_only) return;
+  if (!excluded("optimizer"))
+    for (size_t i = 0; i < params.size(); ++i) {
+      restore("optimizer/exp_avg/" + params[i].name, st.optimizer->exp_avg()[i], true);
+      restore("optimizer/exp_avg_sq/" + params[i].name, st.optimizer->exp_avg_sq()[i], true);
+      restore("optimizer/step/" + params[i].name, st.optimizer->steps()[i], true);
+    }
+  if (auto rng = fetch("rng/cpu")) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the global one
+    gen.set_state(*rng);
+  }
+  const int64_t step = ts.value("step", int64_t{0});
+  if (!excluded("train_state")) st.step = step;
+  st.lr_step_offset = excluded("lr_scheduler") ? st.step : ts.value("lr_step_offset", int64_t{0});
+  if (!excluded("dataloader") && ts.contains("dataloader")) {
+    PackedLoader::State ls;
+    ls.epoch = ts["dataloader"]["epoch"].get<int64_t>();
+    const int64_t old_dp = ts["dataloader"]["dp"].get<int64_t>();
+    // Ranks consume windows in lockstep, so the global position is cursor * dp.
+    ls.cursor = ts["dataloader"]["cursor"].get<int64_t>() * old_dp / world_;
+    st.loader->load_state(ls);
+  }
+}
+
+std::string Checkpointer::load(TrainingState& st) {
+  const auto& c = cfg_.checkpoint;
+  auto steps = complete_steps(root_);
+  if (c.load_step >= 0) {
+    if (!fs::is_directory(root_))
+      throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
+                      ": the checkpoint folder '" + root_ + "' does not exist");
+    if (!std::count(steps.begin(), steps.end(), c.load_step)) {
+      std::string avail;
+      for (auto s : steps) avail += (avail.empty() ? "" : ", ") + std::to_string(s);
+      throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
+                      ": no complete checkpoint step-" + std::to_string(c.load_step) + " in '" +
+                      root_ + "'; available: " + (avail.empty() ? "none" : avail));
+    }
+    steps = {c.load_step};
+  }
+  if (!steps.empty()) {
+    const std::string dir = (fs::path(root_) / ("step-" + std::to_string(steps.back()))).string();
+    load_folder(dir, st, false, c.exclude_from_loading);
+    return "resumed from " + dir + " at step " + std::to_string(st.step);
+  }
+  if (!c.initial_load_path.empty()) {
+    if (!fs::is_directory(c.initial_load_path))
+      throw UserError(
+          "checkpoint.initial_load_path = '" + c.initial_load_path +
+          "': no such checkpoint folder; allowed: a step-N folder of a titan-train checkpoint");
+    load_folder(c.initial_load_path, st, c.initial_load_model_only, c.exclude_from_loading);
+    return "initialized from " + c.initial_load_path +
+           (c.initial_load_model_only ? " (model only)" : "");
+  }
+  return "";
+}
+
+}  // namespace titan

@@ -1,0 +1,259 @@
+// Checkpointing through the binary: bit-exact resume after kill -9, a kill during a save,
+// pre-emption by SIGTERM, pruning, async saves, and bad checkpoints (exit 2).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint.h"
+#include "models/llama3.h"
+#include "test_util.h"
+
+using namespace titan;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSmall =
+    "--config configs/llama3_debug.toml --training.local_batch_size 2 --training.seq_len 64 "
+    "--metrics.log_freq 1 --validation.enable false --metrics.enable_tensorboard false ";
+
+std::string cmd(const std::string& args) {
+  return "cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() + " " +
+         kSmall + args;
+}
+
+// Last logged loss per step (a resumed run appends to the same metrics.jsonl).
+std::map<int64_t, double> losses(const std::string& dump) {
+  std::map<int64_t, double> out;
+  std::stringstream ss(test::read_file(dump + "/metrics.jsonl"));
+  for (std::string line; std::getline(ss, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);  // a line may be half-written
+    if (!j.is_discarded() && j.contains("loss"))
+      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+template <class F>
+bool wait_for(F cond, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+// The binary running in the background under a shell that records its exit status.
+struct Proc {
+  int pid = -1;
+  std::string rc_file;
+  int wait() const {  // exit status, or -1 on timeout
+    if (!wait_for([&] { return fs::exists(rc_file) && fs::file_size(rc_file) > 0; }, 600))
+      return -1;
+    return std::stoi(test::read_file(rc_file));
+  }
+};
+
+Proc spawn(const std::string& args, const std::string& log, const std::string& env = "") {
+  Proc p;
+  p.rc_file = log + ".rc";
+  auto r = test::run("cd " + test::source_dir() + " && ( env -u RANK -u WORLD_SIZE " + env + " " +
+                     test::binary() + " " + kSmall + args + " > " + log + " 2>&1; echo $? > " +
+                     p.rc_file + " ) > /dev/null 2>&1 & echo $!");
+  const std::string shell = std::to_string(std::stoi(r.out));
+  wait_for([&] { return !test::run("pgrep -P " + shell).out.empty(); }, 30);
+  p.pid = std::stoi(test::run("pgrep -P " + shell).out);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: resume after kill -9 gives bit-identical losses", "[checkpoint][slow]") {
+  test::TempDir dir("resume");
+  auto a = test::run(cmd("--training.steps 40 --job.dump_folder " + dir.file("a")));
+  REQUIRE(a.rc == 0);
+  auto straight = losses(dir.file("a"));
+  REQUIRE(straight.size() == 40);
+
+  const std::string b_args =
+      "--training.steps 40 --checkpoint.enable --checkpoint.interval 10 "
+      "--job.dump_folder " +
+      dir.file("b");
+  Proc b_proc = spawn(b_args, dir.file("b.log"));
+  const std::string step20 = dir.file("b") + "/checkpoint/step-20";
+  REQUIRE(wait_for([&] { return fs::exists(step20); }, 300));
+  std::mt19937 rng(std::random_device{}());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 800)(rng)));
+  ::kill(b_proc.pid, SIGKILL);
+  CHECK(b_proc.wait() == 128 + SIGKILL);
+  auto killed_at = losses(dir.file("b"));
+  INFO("killed after step " << (killed_at.empty() ? 0 : killed_at.rbegin()->first));
+
+  auto resumed = test::run(cmd(b_args));
+  INFO(resumed.out.substr(resumed.out.size() > 2000 ? resumed.out.size() - 2000 : 0));
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, Contains("resumed from"));
+  auto b = losses(dir.file("b"));
+  for (int64_t s = 21; s <= 40; ++s) {
+    INFO("step " << s);
+    CHECK(b[s] == straight[s]);  // exact, not approximate
+  }
+}
+
+TEST_CASE("checkpoint: a save killed midway is never picked as the latest", "[checkpoint]") {
+  test::TempDir dir("killsave");
+  const std::string args =
+      "--training.steps 30 --checkpoint.enable --checkpoint.interval 5 "
+      "--job.dump_folder " +
+      dir.file("r");
+  // Every save sleeps 3 s between writing its files and the rename: a slow disk.
+  Proc proc = spawn(args, dir.file("r.log"), "TITAN_TEST_CHECKPOINT_DELAY_MS=3000");
+  const std::string root = dir.file("r") + "/checkpoint";
+  auto tmp_of_10 = [&] {
+    if (!fs::exists(root)) return false;
+    for (auto& e : fs::directory_iterator(root))
+      if (e.path().filename().string().rfind("step-10.tmp-", 0) == 0 &&
+          fs::exists(e.path() / "train_state.json"))
+        return true;
+    return false;
+  };
+  REQUIRE(wait_for(tmp_of_10, 300));
+  ::kill(proc.pid, SIGKILL);
+  CHECK(proc.wait() == 128 + SIGKILL);
+  CHECK(Checkpointer::complete_steps(root) == std::vector<int64_t>{5});
+  auto r = test::run(cmd(args + " --training.steps 6"));
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("checkpoint/step-5 at step 5"));
+}
+
+TEST_CASE("checkpoint: SIGTERM finishes the step and saves and exits 0", "[checkpoint]") {
+  test::TempDir dir("preempt");
+  const std::string args =
+      "--training.steps 100000 --checkpoint.enable --checkpoint.interval 100000 "
+      "--job.dump_folder " +
+      dir.file("r");
+  Proc proc = spawn(args, dir.file("r.log"));
+  REQUIRE(wait_for(
+      [&] {
+        return fs::exists(dir.file("r") + "/metrics.jsonl") && losses(dir.file("r")).size() >= 3;
+      },
+      300));
+  ::kill(proc.pid, SIGTERM);
+  CHECK(proc.wait() == 0);
+  std::string log = test::read_file(dir.file("r.log"));
+  INFO(log.substr(log.size() > 2000 ? log.size() - 2000 : 0));
+  CHECK_THAT(log, Contains("received signal 15"));
+  CHECK(log.find("training done") == std::string::npos);
+  auto steps = Checkpointer::complete_steps(dir.file("r") + "/checkpoint");
+  REQUIRE(steps.size() == 1);
+  const int64_t n = steps[0];
+  CHECK(losses(dir.file("r")).rbegin()->first == n);  // saved the last finished step
+  auto r = test::run(cmd(args + " --training.steps " + std::to_string(n + 2)));
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("at step " + std::to_string(n)));
+  CHECK(losses(dir.file("r")).count(n + 2) == 1);
+}
+
+TEST_CASE("checkpoint: pruning keeps the newest k and async saves resume like sync ones",
+          "[checkpoint]") {
+  test::TempDir dir("prune");
+  // The same two-leg run (7 steps, then resumed to 12) with synchronous and async saves.
+  for (const char* mode : {"disabled", "async"}) {
+    const std::string args = std::string("--checkpoint.enable --checkpoint.interval 2 ") +
+                             "--checkpoint.keep_latest_k 2 --checkpoint.async_mode " + mode +
+                             " --job.dump_folder " + dir.file(mode);
+    auto r1 = test::run(cmd(args + " --training.steps 7"));
+    INFO(r1.out);
+    REQUIRE(r1.rc == 0);
+    CHECK(Checkpointer::complete_steps(dir.file(mode) + "/checkpoint") ==
+          std::vector<int64_t>{6, 7});
+    REQUIRE(test::run(cmd(args + " --training.steps 12")).rc == 0);
+    for (auto& e : fs::directory_iterator(dir.file(mode) + "/checkpoint"))
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  }
+  auto sync = losses(dir.file("disabled")), async = losses(dir.file("async"));
+  REQUIRE(sync.size() == 12);
+  for (int64_t s = 1; s <= 12; ++s) CHECK(async[s] == sync[s]);
+}
+
+TEST_CASE("checkpoint: bad checkpoints and failed saves exit 2 with a clear message",
+          "[checkpoint]") {
+  test::TempDir dir("badckpt");
+  const std::string base =
+      "--checkpoint.enable --checkpoint.interval 5 --job.dump_folder " + dir.file("r");
+  // No checkpoint folder at all.
+  auto r = test::run(cmd(base + " --training.steps 5 --checkpoint.load_step 5"));
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("checkpoint.load_step = 5") && Contains("does not exist"));
+  REQUIRE(test::run(cmd(base + " --training.steps 5")).rc == 0);
+  // A load_step that has no checkpoint.
+  r = test::run(cmd(base + " --training.steps 10 --checkpoint.load_step 7"));
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("no complete checkpoint step-7") && Contains("available: 5"));
+  // A full disk (a file-size limit far below the 70 MB shard): exit 2, step-5 kept, no debris.
+  r = test::run("ulimit -f 20000 && " + cmd(base + " --training.steps 10"));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("checkpoint save of step 10") &&
+                        Contains("previous checkpoint step-5 is kept"));
+  CHECK(Checkpointer::complete_steps(dir.file("r") + "/checkpoint") == std::vector<int64_t>{5});
+  for (auto& e : fs::directory_iterator(dir.file("r") + "/checkpoint"))
+    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  // A truncated shard names the file.
+  const std::string shard = dir.file("r") + "/checkpoint/step-5/rank-00000.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  r = test::run(cmd(base + " --training.steps 10"));
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("rank-00000.safetensors"));
+  // A corrupt metadata file names the file.
+  test::write_file(dir.file("r") + "/checkpoint/step-5/metadata.json", "{not json");
+  r = test::run(cmd(base + " --training.steps 10"));
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("metadata.json"));
+}
+
+TEST_CASE("checkpoint: an incompatible model config names the tensor and both shapes",
+          "[checkpoint]") {
+  test::TempDir dir("incompat");
+  JobConfig cfg = default_config();
+  cfg.job.dump_folder = dir.file("r");
+  cfg.checkpoint.enable = true;
+  Llama3Args small = llama3_flavor("debugmodel");
+  small.dim = 128;
+  Llama3 a(small, at::kCPU);
+  a.init_weights(1);
+  std::vector<bool> decay(a.params().all().size(), true);
+  AdamW opt_a(a.params().tensors(), decay, cfg.optimizer);
+  std::vector<int32_t> stream(4096, 1);
+  PackedLoader loader(&stream, 16, 1, 0, 1, 0, false);
+  Checkpointer ck(cfg, 0, 1);
+  TrainingState sa{&a, &opt_a, &loader, 3, 0};
+  ck.save(sa, false);
+  Llama3 b(llama3_flavor("debugmodel"), at::kCPU);
+  AdamW opt_b(b.params().tensors(), decay, cfg.optimizer);
+  TrainingState sb{&b, &opt_b, &loader, 0, 0};
+  CHECK_THROWS_WITH(ck.load(sb), Contains("model/tok_embeddings.weight") &&
+                                     Contains("[2048, 128]") && Contains("[2048, 256]"));
+  // The same model loads, and restores step and parameters exactly.
+  Llama3 c(small, at::kCPU);
+  c.init_weights(77);
+  AdamW opt_c(c.params().tensors(), decay, cfg.optimizer);
+  TrainingState sc{&c, &opt_c, &loader, 0, 0};
+  CHECK_THAT(ck.load(sc), Contains("step-3"));
+  CHECK(sc.step == 3);
+  for (size_t i = 0; i < a.params().all().size(); ++i)
+    CHECK(at::equal(a.params().all()[i].value, c.params().all()[i].value));
+}
