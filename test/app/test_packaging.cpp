@@ -11,7 +11,8 @@
 using namespace titan;
 using Catch::Matchers::Contains;
 
-TEST_CASE("packaging: Dockerfile and setup.sh take versions only from versions.env", "[packaging]") {
+TEST_CASE("packaging: Dockerfile and setup.sh take versions only from versions.env",
+          "[packaging]") {
   const std::string env = test::read_file(test::source_dir() + "/scripts/versions.env");
   const std::string docker = test::read_file(test::source_dir() + "/Dockerfile");
   const std::string setup = test::read_file(test::source_dir() + "/scripts/setup.sh");
@@ -27,7 +28,8 @@ TEST_CASE("packaging: Dockerfile and setup.sh take versions only from versions.e
   CHECK_THAT(docker, Contains("ENTRYPOINT [\"titan-train\"]"));
 }
 
-TEST_CASE("packaging: README shows the commands and lists every ignored torchtitan key", "[packaging]") {
+TEST_CASE("packaging: README shows the commands and lists every ignored torchtitan key",
+          "[packaging]") {
   const std::string readme = test::read_file(test::source_dir() + "/README.md");
   CHECK_THAT(readme, Contains("scripts/train.sh"));
   CHECK_THAT(readme, Contains("scripts/test.sh"));

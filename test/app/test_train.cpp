@@ -116,3 +116,39 @@ TEST_CASE("train: bad data and model input exits 2 naming the key or file", "[tr
     CHECK_FALSE(fs::exists(dump));
   }
 }
+
+TEST_CASE("train: tokenize makes a .tok file that trains like the JSONL it came from", "[train]") {
+  test::TempDir dir("tokfile");
+  // A JSONL corpus cut from the bundled one: one chapter per line.
+  std::string corpus = test::read_file(test::corpus_path()).substr(0, 200000);
+  std::string jsonl;
+  size_t pos = 0;
+  while (pos < corpus.size()) {
+    size_t end = corpus.find("\n\n", pos);
+    if (end == std::string::npos) end = corpus.size();
+    jsonl += nlohmann::json({{"text", corpus.substr(pos, end - pos)}}).dump() + "\n";
+    pos = end + 2;
+  }
+  test::write_file(dir.file("c.jsonl"), jsonl);
+  auto t = test::run(test::binary() + " tokenize --tokenizer " + test::tokenizer_path() +
+                     " --input " + dir.file("c.jsonl") + " --output " + dir.file("c.tok"));
+  INFO(t.out);
+  REQUIRE(t.rc == 0);
+  const std::string common =
+      "--training.steps 3 --training.local_batch_size 2 --training.seq_len 64 "
+      "--metrics.log_freq 1 --validation.enable false ";
+  auto a = run_titan(common + "--training.dataset_path " + dir.file("c.jsonl") +
+                     " --job.dump_folder " + dir.file("a"));
+  auto b = run_titan(common + "--training.dataset_path " + dir.file("c.tok") +
+                     " --job.dump_folder " + dir.file("b"));
+  REQUIRE(a.rc == 0);
+  REQUIRE(b.rc == 0);
+  auto la = losses(dir.file("a")), lb = losses(dir.file("b"));
+  REQUIRE(la.size() == 3);
+  for (int64_t s = 1; s <= 3; ++s) CHECK(la[s] == lb[s]);
+  // A bad input file is a clean error.
+  auto bad = test::run(test::binary() + " tokenize --tokenizer " + test::tokenizer_path() +
+                       " --input " + dir.file("none.jsonl") + " --output " + dir.file("x.tok"));
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.out, Contains("none.jsonl"));
+}
