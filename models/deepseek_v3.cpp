@@ -104,15 +104,17 @@ const std::map<std::string, DeepSeekV3Args>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> deepseek_v3_flavor_names() { return {"debugmodel", "16B", "236B", "671B"}; }
+std::vector<std::string> deepseek_v3_flavor_names() {
+  return {"debugmodel", "16B", "236B", "671B"};
+}
 
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
   auto it = flavors().find(flavor);
   if (it == flavors().end()) {
     std::string allowed;
     for (auto& n : deepseek_v3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor + "\" is not a deepseek_v3 flavor; allowed: " +
-                    allowed);
+    throw UserError("model.flavor = \"" + flavor +
+                    "\" is not a deepseek_v3 flavor; allowed: " + allowed);
   }
   return it->second;
 }
@@ -204,11 +206,13 @@ void DeepSeekV3::init_weights(uint64_t seed) {
     init(L.w[0], ones);  // attention_norm
     for (int64_t j = 1; j < L.n_attn; ++j) {
       const int64_t i = L.w[static_cast<size_t>(j)];
-      if (params_[i].value.dim() == 1) init(i, ones);  // q_norm, kv_norm
-      else init(i, trunc(0.02, -2, 2));                 // wq / wq_a, wq_b, wkv_a, wkv_b
+      if (params_[i].value.dim() == 1)
+        init(i, ones);  // q_norm, kv_norm
+      else
+        init(i, trunc(0.02, -2, 2));  // wq / wq_a, wq_b, wkv_a, wkv_b
     }
-    init(L.w[static_cast<size_t>(L.n_attn)], trunc(out_std, -2, 2));      // wo
-    init(L.w[static_cast<size_t>(L.n_attn) + 1], ones);                    // ffn_norm
+    init(L.w[static_cast<size_t>(L.n_attn)], trunc(out_std, -2, 2));  // wo
+    init(L.w[static_cast<size_t>(L.n_attn) + 1], ones);               // ffn_norm
     if (MoELayer* m = moe_layer(l)) {
       m->init_weights(params_, gen, out_std);
     } else {
@@ -221,8 +225,7 @@ void DeepSeekV3::init_weights(uint64_t seed) {
   init(output_, trunc(std, -3 * std, 3 * std));
 }
 
-at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x,
-                             const std::vector<at::Tensor>& w) {
+at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const auto& a = args_;
   const int64_t B = x.size(0), T = x.size(1), H = a.n_heads;
   const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim;
@@ -245,7 +248,7 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x,
   at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
   at::Tensor kvb = at::linear(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
   at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
-  at::Tensor v = kvb.slice(-1, nope);  // (B, T, H, v_head_dim)
+  at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
   at::Tensor y = x + at::linear(attn, w[k++]);
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);

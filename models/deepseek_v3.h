@@ -15,21 +15,21 @@ namespace titan {
 struct DeepSeekV3Args {
   int64_t vocab_size = 2048;
   int64_t dim = 256;
-  int64_t inter_dim = 1024;      // dense layers' FFN hidden
-  int64_t moe_inter_dim = 256;   // each expert's hidden
+  int64_t inter_dim = 1024;     // dense layers' FFN hidden
+  int64_t moe_inter_dim = 256;  // each expert's hidden
   int64_t n_layers = 6;
-  int64_t n_dense_layers = 1;    // layers [0, n_dense_layers) are dense
+  int64_t n_dense_layers = 1;  // layers [0, n_dense_layers) are dense
   int64_t n_heads = 16;
   double norm_eps = 1e-5;
   MoEArgs moe;
   // Multi-head Latent Attention
-  int64_t q_lora_rank = 0;       // 0: a plain wq projection
+  int64_t q_lora_rank = 0;  // 0: a plain wq projection
   int64_t kv_lora_rank = 512;
   int64_t qk_nope_head_dim = 128;
   int64_t qk_rope_head_dim = 64;
   int64_t v_head_dim = 128;
   // RoPE with YaRN: applied when max_seq_len > original_seq_len
-  int64_t max_seq_len = 2048;    // build_model sets the run's sequence length
+  int64_t max_seq_len = 2048;  // build_model sets the run's sequence length
   int64_t original_seq_len = 4096;
   double rope_theta = 10000;
   double rope_factor = 40;

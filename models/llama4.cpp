@@ -23,7 +23,7 @@ namespace {
 const std::map<std::string, Llama4Args>& flavors() {
   static const std::map<std::string, Llama4Args> f = [] {
     std::map<std::string, Llama4Args> m;
-    Llama4Args debug;  // the struct defaults are the debug model
+    Llama4Args debug;                // the struct defaults are the debug model
     debug.rope_scaling.factor = 16;  // torchtitan's RoPEScalingArgs() defaults
     debug.rope_scaling.low_freq_factor = 1;
     debug.rope_scaling.high_freq_factor = 1;
@@ -49,7 +49,7 @@ const std::map<std::string, Llama4Args>& flavors() {
       a.interleave_moe_layer_step = interleave;
       return a;
     };
-    m["17bx16e"] = big(16, 1, true);    // Llama-4 Scout
+    m["17bx16e"] = big(16, 1, true);     // Llama-4 Scout
     m["17bx128e"] = big(128, 2, false);  // Llama-4 Maverick
     return m;
   }();
@@ -58,15 +58,17 @@ const std::map<std::string, Llama4Args>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> llama4_flavor_names() { return {"debugmodel", "17bx16e", "17bx128e"}; }
+std::vector<std::string> llama4_flavor_names() {
+  return {"debugmodel", "17bx16e", "17bx128e"};
+}
 
 Llama4Args llama4_flavor(const std::string& flavor) {
   auto it = flavors().find(flavor);
   if (it == flavors().end()) {
     std::string allowed;
     for (auto& n : llama4_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor + "\" is not a llama4 flavor; allowed: " +
-                    allowed);
+    throw UserError("model.flavor = \"" + flavor +
+                    "\" is not a llama4 flavor; allowed: " + allowed);
   }
   return it->second;
 }

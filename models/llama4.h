@@ -22,8 +22,8 @@ struct Llama4Args {
   double ffn_dim_multiplier = 0;  // 0: none
   double norm_eps = 1e-5;
   double rope_theta = 500000;
-  RopeScaling rope_scaling;       // factor 1: none
-  int64_t max_seq_len = 2048;     // build_model sets the run's sequence length
+  RopeScaling rope_scaling;    // factor 1: none
+  int64_t max_seq_len = 2048;  // build_model sets the run's sequence length
   bool depth_init = true;
   int64_t interleave_moe_layer_step = 2;  // layer l is MoE when (l + 1) % step == 0
   bool auto_scale_hidden_dim = true;      // expert hidden / (top_k + shared experts)

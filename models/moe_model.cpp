@@ -22,7 +22,9 @@ at::Tensor MoETransformer::aux_loss() {
   return sum;
 }
 
-void MoETransformer::after_optimizer_step() { moe_balance_step(moe_layers(), dp_allreduce_); }
+void MoETransformer::after_optimizer_step() {
+  moe_balance_step(moe_layers(), dp_allreduce_);
+}
 
 std::vector<std::pair<std::string, at::Tensor>> MoETransformer::buffers() {
   std::vector<std::pair<std::string, at::Tensor>> b;

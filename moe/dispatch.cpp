@@ -26,7 +26,7 @@ Dispatch plan_dispatch(const at::Tensor& experts, int64_t num_experts, int64_t a
   // Each group is rounded up to `align` rows and never empty (torchtitan pads empty experts
   // to `align` too), so sum(padded) <= N + E * align <= M.
   at::Tensor padded = (at::clamp_min(d.counts, align) + (align - 1)).div(align, "floor") * align;
-  at::Tensor padded_ends = at::cumsum(padded, 0);  // (E,)
+  at::Tensor padded_ends = at::cumsum(padded, 0);      // (E,)
   at::Tensor shift = (padded_ends - padded) - starts;  // (E,): where each group moves
   d.rows = at::arange(N, experts.options()) + shift.index_select(0, sorted);
   // The last group runs to M so no output row is left uninitialized by the grouped GEMM.

@@ -32,11 +32,10 @@ int cuda_compute_capability(at::Device device) {
 ExpertsBackend select_experts_backend(const std::string& requested, at::Device device) {
   const int cc = cuda_compute_capability(device);
   const bool grouped_ok = cc >= 90;
-  std::string where = device.is_cuda()
-                          ? "CUDA device " + std::to_string(device.index()) +
-                                " (compute capability " + std::to_string(cc / 10) + "." +
-                                std::to_string(cc % 10) + ")"
-                          : "the CPU";
+  std::string where = device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
+                                             " (compute capability " + std::to_string(cc / 10) +
+                                             "." + std::to_string(cc % 10) + ")"
+                                       : "the CPU";
   ExpertsBackend b;
   std::string reason;
   if (requested == "grouped_mm") {
@@ -62,7 +61,9 @@ ExpertsBackend select_experts_backend(const std::string& requested, at::Device d
   return b;
 }
 
-int64_t experts_alignment(ExpertsBackend b) { return b == ExpertsBackend::GroupedMM ? 8 : 0; }
+int64_t experts_alignment(ExpertsBackend b) {
+  return b == ExpertsBackend::GroupedMM ? 8 : 0;
+}
 
 std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
   at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();  // the sync
@@ -76,8 +77,8 @@ at::Tensor grouped_experts(const at::Tensor& x_sorted, const at::Tensor& w1, con
   at::Tensor x = pad_groups(x_sorted.to(t), d);  // (M, D)
   // _grouped_mm takes b as (E, K, N): the transposed views of the (E, out, in) weights.
   at::Tensor h = at::silu(at::_grouped_mm(x, w1.to(t).transpose(-2, -1), d.offs)) *
-                 at::_grouped_mm(x, w3.to(t).transpose(-2, -1), d.offs);       // (M, H)
-  at::Tensor y = at::_grouped_mm(h, w2.to(t).transpose(-2, -1), d.offs);      // (M, D)
+                 at::_grouped_mm(x, w3.to(t).transpose(-2, -1), d.offs);  // (M, H)
+  at::Tensor y = at::_grouped_mm(h, w2.to(t).transpose(-2, -1), d.offs);  // (M, D)
   return unpad_groups(y, d).to(x_sorted.scalar_type());
 }
 
@@ -120,11 +121,11 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
       const int64_t i = static_cast<int64_t>(e);
       const at::Tensor &h1 = h1s[e], &h3 = h3s[e], &dy = dys[e];
       at::Tensor a = at::silu(h1);
-      at::Tensor dg = at::matmul(dy, w2[i]);                  // (n_e, H)
-      at::Tensor dh1 = at::silu_backward(dg * h3, h1);        // d silu(h1)
+      at::Tensor dg = at::matmul(dy, w2[i]);            // (n_e, H)
+      at::Tensor dh1 = at::silu_backward(dg * h3, h1);  // d silu(h1)
       at::Tensor dh3 = dg * a;
-      dw2.push_back(at::matmul(dy.t(), a * h3));              // (D, H)
-      dw1.push_back(at::matmul(dh1.t(), xs[e]));              // (H, D)
+      dw2.push_back(at::matmul(dy.t(), a * h3));  // (D, H)
+      dw1.push_back(at::matmul(dh1.t(), xs[e]));  // (H, D)
       dw3.push_back(at::matmul(dh3.t(), xs[e]));
       dxs.push_back(at::matmul(dh1, w1[i]) + at::matmul(dh3, w3[i]));  // (n_e, D)
     }

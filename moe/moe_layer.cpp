@@ -73,7 +73,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     tokens_per_expert.add_(d.counts);
   }
 
-  at::Tensor routed = permute_tokens(x, d);  // (N, D), N = T*K
+  at::Tensor routed = permute_tokens(x, d);                                     // (N, D), N = T*K
   at::Tensor top_sorted = r.top_scores.reshape({-1}).index_select(0, d.order);  // (N,)
   if (args_.score_before_experts)
     routed = (routed.to(at::kFloat) * top_sorted.unsqueeze(1)).to(x.scalar_type());
@@ -112,8 +112,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   TORCH_CHECK(!(args_.seq_aux_loss_coeff > 0 && mode.training && mode.checkpointed),
               "the MoE sequence-wise auxiliary loss cannot be combined with activation "
               "checkpointing (its graph would be lost in the no-grad checkpointed forward)");
-  if (args_.seq_aux_loss_coeff > 0 && mode.training && !recompute &&
-      at::GradMode::is_enabled()) {
+  if (args_.seq_aux_loss_coeff > 0 && mode.training && !recompute && at::GradMode::is_enabled()) {
     // DeepSeek-V3's sequence-wise balance loss, per sequence b:
     //   f_i = E / (K * S) * count_i,  P_i = mean_t s'_{i,t} (s' = scores normalized per token),
     //   L = coeff * sum_i f_i P_i, averaged over the B sequences.

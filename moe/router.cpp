@@ -10,13 +10,11 @@ void validate_router_args(const RouterArgs& a, const std::string& where) {
   auto fail = [&](const std::string& what) {
     throw UserError("MoE router of " + where + ": " + what);
   };
-  if (a.num_experts < 1)
-    fail("num_experts = " + std::to_string(a.num_experts) + "; allowed: >= 1");
+  if (a.num_experts < 1) fail("num_experts = " + std::to_string(a.num_experts) + "; allowed: >= 1");
   if (a.top_k < 1 || a.top_k > a.num_experts)
     fail("top_k = " + std::to_string(a.top_k) + " with num_experts = " +
          std::to_string(a.num_experts) + "; allowed: 1 <= top_k <= num_experts");
-  if (a.route_scale <= 0)
-    fail("route_scale = " + std::to_string(a.route_scale) + "; allowed: > 0");
+  if (a.route_scale <= 0) fail("route_scale = " + std::to_string(a.route_scale) + "; allowed: > 0");
   if (a.num_expert_groups == 0) {
     if (a.num_limited_groups != 0)
       fail("num_limited_groups = " + std::to_string(a.num_limited_groups) +
@@ -54,8 +52,8 @@ Routing route_tokens(const at::Tensor& x, const at::Tensor& gate_w, const at::Te
   at::Tensor choice = expert_bias.defined() ? scores + expert_bias : scores;  // (T, E)
   if (a.num_expert_groups > 0) {
     const int64_t G = a.num_expert_groups;
-    at::Tensor grouped = choice.view({-1, G, E / G});                          // (T, G, E/G)
-    at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);        // (T, G)
+    at::Tensor grouped = choice.view({-1, G, E / G});                    // (T, G, E/G)
+    at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);  // (T, G)
     at::Tensor keep = std::get<1>(group_scores.topk(a.num_limited_groups, -1, true, false));
     at::Tensor drop = at::ones_like(group_scores, at::kBool).scatter_(1, keep, false);  // (T, G)
     choice = grouped.masked_fill(drop.unsqueeze(-1), -std::numeric_limits<double>::infinity())

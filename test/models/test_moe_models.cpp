@@ -226,14 +226,16 @@ TEST_CASE("moe models: flavors have their published sizes", "[moe][llama4][deeps
   auto info_of = [](auto args) {
     args.max_seq_len = 16;
     using A = decltype(args);
-    if constexpr (std::is_same_v<A, Llama4Args>) return Llama4(args, at::kMeta).info();
-    else return DeepSeekV3(args, at::kMeta).info();
+    if constexpr (std::is_same_v<A, Llama4Args>)
+      return Llama4(args, at::kMeta).info();
+    else
+      return DeepSeekV3(args, at::kMeta).info();
   };
   auto billions = [](int64_t n) { return static_cast<double>(n) / 1e9; };
   struct Case {
     std::string name;
     ModelInfo info;
-    double total, active;  // published, billions
+    double total, active;          // published, billions
     bool active_counts_embedding;  // Meta's "17B active" counts it; DeepSeek's numbers do not
   };
   // Published: Llama-4 Scout 109B total (with its vision encoder; the text model is 107.8B),
@@ -397,8 +399,7 @@ TEST_CASE("moe models: deepseek_v3 debugmodel trains end to end on the corpus",
   check_training("deepseek_v3_debug.toml", "deepseek_v3");
 }
 
-TEST_CASE("moe models: llama4 debugmodel trains end to end on the corpus",
-          "[moe][llama4][slow]") {
+TEST_CASE("moe models: llama4 debugmodel trains end to end on the corpus", "[moe][llama4][slow]") {
   check_training("llama4_debug.toml", "llama4");
 }
 

@@ -37,7 +37,7 @@ struct SkewedLayer {
     at::NoGradGuard ng;
     at::Tensor gate = store.all()[0].value;
     gate.normal_(0, 0.1, gen);
-    gate.select(1, 0).add_(0.05);           // every expert likes feature 0 a little
+    gate.select(1, 0).add_(0.05);              // every expert likes feature 0 a little
     gate.select(0, 0).select(0, 0).add_(0.4);  // expert 0 likes it a lot
   }
   // A training step on a fresh batch: forward, a tiny loss, backward, the balance update.

@@ -20,8 +20,7 @@ double env_or(const char* name, double dflt) {
 
 }  // namespace
 
-TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_mm",
-          "[.bench]") {
+TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_mm", "[.bench]") {
   const bool cuda = at::hasCUDA();
   at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const at::ScalarType dt = cuda ? at::kBFloat16 : at::kFloat;

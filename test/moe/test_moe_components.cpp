@@ -41,8 +41,8 @@ at::Tensor dense_experts(const at::Tensor& x, const at::Tensor& w1, const at::Te
   for (size_t i = 0; i < expert_of_row.size(); ++i) {
     const int64_t e = expert_of_row[i];
     at::Tensor xi = x[static_cast<int64_t>(i)].unsqueeze(0);
-    out.push_back(at::matmul(at::silu(at::matmul(xi, w1[e].t())) * at::matmul(xi, w3[e].t()),
-                             w2[e].t()));
+    out.push_back(
+        at::matmul(at::silu(at::matmul(xi, w1[e].t())) * at::matmul(xi, w3[e].t()), w2[e].t()));
   }
   return at::cat(out);
 }
@@ -54,8 +54,7 @@ double rel(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("moe router: sigmoid top-1 picks the largest logit and gates with its sigmoid",
-          "[moe]") {
+TEST_CASE("moe router: sigmoid top-1 picks the largest logit and gates with its sigmoid", "[moe]") {
   RouterArgs a;
   a.num_experts = 4;
   a.top_k = 1;
@@ -102,8 +101,7 @@ TEST_CASE("moe router: expert bias changes the choice but not the gate weight", 
   CHECK(r.experts[0][0].item<int64_t>() == 0);
 }
 
-TEST_CASE("moe router: group-limited routing keeps the best groups by their top-2 sum",
-          "[moe]") {
+TEST_CASE("moe router: group-limited routing keeps the best groups by their top-2 sum", "[moe]") {
   RouterArgs a;
   a.num_experts = 8;
   a.top_k = 2;
@@ -177,8 +175,7 @@ TEST_CASE("moe dispatch: permute and unpermute round trip in stable expert order
   CHECK(at::equal(back, x.unsqueeze(1).expand({T, K, D})));
 }
 
-TEST_CASE("moe dispatch: aligned layout pads every group on the device to a static size",
-          "[moe]") {
+TEST_CASE("moe dispatch: aligned layout pads every group on the device to a static size", "[moe]") {
   // Counts [3, 0, 9, 1], align 8 -> groups of 8, 8 (empty expert padded too), 16, 8 rows.
   std::vector<int64_t> ids = {2, 0, 2, 2, 3, 2, 0, 2, 2, 2, 0, 2, 2};
   at::Tensor experts = at::tensor(ids, at::kLong).view({-1, 1});
@@ -196,14 +193,13 @@ TEST_CASE("moe dispatch: aligned layout pads every group on the device to a stat
   CHECK(at::equal(unpad_groups(padded, d), x));
 }
 
-TEST_CASE("moe experts: empty experts and one expert taking every token, both backends",
-          "[moe]") {
+TEST_CASE("moe experts: empty experts and one expert taking every token, both backends", "[moe]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const int64_t E = 4, D = 8, H = 16;
   at::Tensor w1 = (at::randn({E, H, D}, gen) * 0.3).requires_grad_();
   at::Tensor w2 = (at::randn({E, D, H}, gen) * 0.3).requires_grad_();
   at::Tensor w3 = (at::randn({E, H, D}, gen) * 0.3).requires_grad_();
-  for (auto ids : {std::vector<int64_t>{1, 1, 3, 1, 3, 1, 1},    // experts 0 and 2 empty
+  for (auto ids : {std::vector<int64_t>{1, 1, 3, 1, 3, 1, 1},           // experts 0 and 2 empty
                    std::vector<int64_t>{2, 2, 2, 2, 2, 2, 2, 2, 2}}) {  // all on expert 2
     const int64_t N = static_cast<int64_t>(ids.size());
     Dispatch d = plan_dispatch(at::tensor(ids, at::kLong).view({-1, 1}), E, 8);
@@ -236,8 +232,7 @@ TEST_CASE("moe experts: empty experts and one expert taking every token, both ba
   }
 }
 
-TEST_CASE("moe layer: loop and grouped_mm backends agree on CPU (outputs and gradients)",
-          "[moe]") {
+TEST_CASE("moe layer: loop and grouped_mm backends agree on CPU (outputs and gradients)", "[moe]") {
   // at::_grouped_mm runs on CPU in LibTorch 2.11 (a per-group fallback), so the two backends
   // can be compared here in fp32; the CUDA bf16 comparison is in test_moe_cuda.cpp.
   for (bool before : {true, false}) {
