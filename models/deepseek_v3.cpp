@@ -1,0 +1,280 @@
+#include "models/deepseek_v3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "core/errors.h"
+
+namespace titan {
+
+RopeTables yarn_rope_tables(const DeepSeekV3Args& a, at::Device device) {
+  const int64_t dim = a.qk_rope_head_dim;
+  auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // fp32 throughout, like the reference implementation.
+  at::Tensor freqs = 1.0 / at::pow(a.rope_theta, at::arange(0, dim, 2, f32) / dim);  // (dim/2)
+  if (a.max_seq_len > a.original_seq_len) {
+    // YaRN: interpolate the low frequencies by rope_factor, keep the high ones, ramp between.
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(a.original_seq_len / (rotations * 2 * M_PI)) /
+             (2 * std::log(a.rope_theta));
+    };
+    double low = std::max(std::floor(correction_dim(a.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(a.beta_slow)), static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+    at::Tensor ramp = at::clamp((at::arange(dim / 2, f32) - low) / (high - low), 0, 1);
+    at::Tensor smooth = 1 - ramp;
+    freqs = freqs / a.rope_factor * (1 - smooth) + freqs * smooth;
+  }
+  at::Tensor angles = at::outer(at::arange(a.max_seq_len, f32), freqs);  // (T, dim/2)
+  return {at::cos(angles).to(device), at::sin(angles).to(device)};
+}
+
+double mla_softmax_scale(const DeepSeekV3Args& a) {
+  double s = 1.0 / std::sqrt(static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim));
+  if (a.max_seq_len > a.original_seq_len) {
+    const double m = 0.1 * a.mscale * std::log(a.rope_factor) + 1.0;
+    s *= m * m;
+  }
+  return s;
+}
+
+namespace {
+
+const std::map<std::string, DeepSeekV3Args>& flavors() {
+  static const std::map<std::string, DeepSeekV3Args> f = [] {
+    std::map<std::string, DeepSeekV3Args> m;
+    DeepSeekV3Args debug;  // the struct defaults plus:
+    debug.moe.num_experts = 8;
+    debug.moe.num_shared_experts = 2;
+    debug.moe.top_k = 3;
+    debug.moe.score_func = ScoreFunc::Softmax;
+    debug.moe.route_norm = false;
+    debug.moe.score_before_experts = false;
+    debug.mscale = 0.70;
+    m["debugmodel"] = debug;
+
+    DeepSeekV3Args v2lite = debug;  // DeepSeek-V2-Lite sizes
+    v2lite.vocab_size = 102400;
+    v2lite.dim = 2048;
+    v2lite.inter_dim = 10944;
+    v2lite.moe_inter_dim = 1408;
+    v2lite.n_layers = 27;
+    v2lite.n_dense_layers = 1;
+    v2lite.n_heads = 16;
+    v2lite.moe.num_experts = 64;
+    v2lite.moe.top_k = 6;
+    m["16B"] = v2lite;
+
+    DeepSeekV3Args v2 = v2lite;  // DeepSeek-V2 sizes
+    v2.dim = 5120;
+    v2.inter_dim = 12288;
+    v2.moe_inter_dim = 1536;
+    v2.n_layers = 60;
+    v2.n_heads = 128;
+    v2.moe.num_experts = 160;
+    v2.moe.num_expert_groups = 8;
+    v2.moe.num_limited_groups = 3;
+    v2.moe.route_scale = 16.0;
+    v2.q_lora_rank = 1536;
+    v2.mscale = 1.0;
+    m["236B"] = v2;
+
+    DeepSeekV3Args v3 = v2;  // DeepSeek-V3
+    v3.vocab_size = 129280;
+    v3.dim = 7168;
+    v3.inter_dim = 18432;
+    v3.moe_inter_dim = 2048;
+    v3.n_layers = 61;
+    v3.n_dense_layers = 3;
+    v3.moe.num_experts = 256;
+    v3.moe.num_shared_experts = 1;
+    v3.moe.top_k = 8;
+    v3.moe.num_expert_groups = 8;
+    v3.moe.num_limited_groups = 4;
+    v3.moe.score_func = ScoreFunc::Sigmoid;
+    v3.moe.route_norm = true;
+    v3.moe.route_scale = 2.5;
+    m["671B"] = v3;
+    return m;
+  }();
+  return f;
+}
+
+}  // namespace
+
+std::vector<std::string> deepseek_v3_flavor_names() {
+  return {"debugmodel", "16B", "236B", "671B"};
+}
+
+DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
+  auto it = flavors().find(flavor);
+  if (it == flavors().end()) {
+    std::string allowed;
+    for (auto& n : deepseek_v3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
+    throw UserError("model.flavor = \"" + flavor +
+                    "\" is not a deepseek_v3 flavor; allowed: " + allowed);
+  }
+  return it->second;
+}
+
+DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
+  validate_router_args(a.moe, "deepseek_v3");
+  if (a.n_dense_layers < 0 || a.n_dense_layers > a.n_layers)
+    throw UserError("deepseek_v3 n_dense_layers = " + std::to_string(a.n_dense_layers) +
+                    " with n_layers = " + std::to_string(a.n_layers) +
+                    "; allowed: 0 <= n_dense_layers <= n_layers");
+  if (a.qk_rope_head_dim % 2 != 0)
+    throw UserError("deepseek_v3 qk_rope_head_dim = " + std::to_string(a.qk_rope_head_dim) +
+                    "; allowed: an even number");
+  const int64_t H = a.n_heads, qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    return params_.add(name, at::empty(shape, opts), decay);
+  };
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerIdx L;
+    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false));
+    if (a.q_lora_rank == 0) {
+      L.w.push_back(P(p + "attention.wq.weight", {H * qk, a.dim}, true));
+    } else {
+      L.w.push_back(P(p + "attention.wq_a.weight", {a.q_lora_rank, a.dim}, true));
+      L.w.push_back(P(p + "attention.q_norm.weight", {a.q_lora_rank}, false));
+      L.w.push_back(P(p + "attention.wq_b.weight", {H * qk, a.q_lora_rank}, true));
+    }
+    L.w.push_back(
+        P(p + "attention.wkv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, a.dim}, true));
+    L.w.push_back(P(p + "attention.kv_norm.weight", {a.kv_lora_rank}, false));
+    L.w.push_back(P(p + "attention.wkv_b.weight",
+                    {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}, true));
+    L.w.push_back(P(p + "attention.wo.weight", {a.dim, H * a.v_head_dim}, true));
+    L.n_attn = static_cast<int64_t>(L.w.size()) - 1;
+    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false));
+    if (l >= a.n_dense_layers) {
+      moe_.push_back(
+          std::make_unique<MoELayer>(a.moe, a.dim, a.moe_inter_dim, p + "moe.", params_, device));
+      for (int64_t i : moe_.back()->param_indices()) L.w.push_back(i);
+    } else {
+      moe_.push_back(nullptr);
+      L.ffn_w1 = P(p + "feed_forward.w1.weight", {a.inter_dim, a.dim}, true);
+      L.ffn_w2 = P(p + "feed_forward.w2.weight", {a.dim, a.inter_dim}, true);
+      L.ffn_w3 = P(p + "feed_forward.w3.weight", {a.inter_dim, a.dim}, true);
+      for (int64_t i : {L.ffn_w1, L.ffn_w2, L.ffn_w3}) L.w.push_back(i);
+    }
+    layers_.push_back(L);
+  }
+  norm_ = P("norm.weight", {a.dim}, false);
+  output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  rope_ = yarn_rope_tables(a, device);
+  softmax_scale_ = mla_softmax_scale(a);
+  for (int64_t l = 0; l < a.n_layers; ++l)
+    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+      return block(l, x, w);
+    });
+
+  info_.name = "deepseek_v3";
+  info_.vocab_size = a.vocab_size;
+  info_.max_seq_len = a.max_seq_len;
+  info_.dim = a.dim;
+  info_.n_layers = a.n_layers;
+  info_.n_params = params_.numel();
+  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_.n_active_non_embedding = active_non_embedding_params();
+  info_.attn_flops_dims = a.n_layers * H * (qk + a.v_head_dim);
+}
+
+void DeepSeekV3::init_weights(uint64_t seed) {
+  at::NoGradGuard ng;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto init = [&](int64_t i, auto&& fill) {
+    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
+    fill(cpu);
+    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+  };
+  auto trunc = [&](double std, double a, double b) {
+    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
+  };
+  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
+  init(tok_emb_, [&gen](at::Tensor& t) { t.normal_(0.0, 1.0, gen); });
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    // torchtitan's DeepSeek blocks always use depth init.
+    const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(l + 1));
+    const LayerIdx& L = layers_[static_cast<size_t>(l)];
+    init(L.w[0], ones);  // attention_norm
+    for (int64_t j = 1; j < L.n_attn; ++j) {
+      const int64_t i = L.w[static_cast<size_t>(j)];
+      if (params_[i].value.dim() == 1)
+        init(i, ones);  // q_norm, kv_norm
+      else
+        init(i, trunc(0.02, -2, 2));  // wq / wq_a, wq_b, wkv_a, wkv_b
+    }
+    init(L.w[static_cast<size_t>(L.n_attn)], trunc(out_std, -2, 2));  // wo
+    init(L.w[static_cast<size_t>(L.n_attn) + 1], ones);               // ffn_norm
+    if (MoELayer* m = moe_layer(l)) {
+      m->init_weights(params_, gen, out_std);
+    } else {
+      init(L.ffn_w1, trunc(0.02, -2, 2));
+      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init(i, trunc(out_std, -2, 2));
+    }
+  }
+  init(norm_, ones);
+  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  init(output_, trunc(std, -3 * std, 3 * std));
+}
+
+at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
+  const auto& a = args_;
+  const int64_t B = x.size(0), T = x.size(1), H = a.n_heads;
+  const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim;
+  size_t k = 0;
+  at::Tensor h = rms_norm(x, w[k++], a.norm_eps);
+  // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
+  at::Tensor q;
+  if (a.q_lora_rank == 0) {
+    q = at::linear(h, w[k++]);
+  } else {
+    at::Tensor qa = at::linear(h, w[k++]);
+    at::Tensor qn = rms_norm(qa, w[k++], a.norm_eps);
+    q = at::linear(qn, w[k++]);
+  }
+  q = q.view({B, T, H, nope + rope});
+  q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rope_)}, -1);
+  // Keys and values from the compressed latent (B, T, kv_lora_rank) plus one shared rope key.
+  at::Tensor kv = at::linear(h, w[k++]);  // (B, T, kv_lora_rank + rope)
+  at::Tensor k_pe = apply_rope(kv.slice(-1, a.kv_lora_rank).unsqueeze(2), rope_);  // (B,T,1,rope)
+  at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
+  at::Tensor kvb = at::linear(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
+  at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
+  at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
+  at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
+  at::Tensor y = x + at::linear(attn, w[k++]);
+  at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
+  if (MoELayer* m = moe_layer(layer))
+    return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),
+                          moe_mode(layer));
+  return y + swiglu(z, w[k], w[k + 1], w[k + 2]);
+}
+
+at::Tensor DeepSeekV3::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
+  begin_forward();
+  at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    std::vector<at::Tensor> w;
+    for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
+    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
+                           : block(l, h, w);
+  }
+  // torchtitan builds the final norm without an eps: RMSNorm then uses the machine epsilon
+  // of the input's dtype (fp32 1.19e-7, bf16 7.8e-3).
+  const double eps = h.scalar_type() == at::kBFloat16
+                         ? 0.0078125
+                         : static_cast<double>(std::numeric_limits<float>::epsilon());
+  h = rms_norm(h, weight(norm_), eps);
+  return at::linear(h, weight(output_));  // (B, T, V)
+}
+
+}  // namespace titan

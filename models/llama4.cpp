@@ -1,0 +1,199 @@
+#include "models/llama4.h"
+
+#include <cmath>
+#include <map>
+
+#include "core/errors.h"
+#include "models/llama3.h"
+
+namespace titan {
+
+int64_t llama4_expert_hidden(const Llama4Args& a) {
+  int64_t h = static_cast<int64_t>(2.0 * 4.0 * static_cast<double>(a.dim) / 3.0);
+  if (a.ffn_dim_multiplier > 0)
+    h = static_cast<int64_t>(a.ffn_dim_multiplier * static_cast<double>(h));
+  if (a.auto_scale_hidden_dim)
+    h = static_cast<int64_t>(static_cast<double>(h) /
+                             static_cast<double>(a.moe.top_k + a.moe.num_shared_experts));
+  return a.multiple_of * ((h + a.multiple_of - 1) / a.multiple_of);
+}
+
+namespace {
+
+const std::map<std::string, Llama4Args>& flavors() {
+  static const std::map<std::string, Llama4Args> f = [] {
+    std::map<std::string, Llama4Args> m;
+    Llama4Args debug;                // the struct defaults are the debug model
+    debug.rope_scaling.factor = 16;  // torchtitan's RoPEScalingArgs() defaults
+    debug.rope_scaling.low_freq_factor = 1;
+    debug.rope_scaling.high_freq_factor = 1;
+    debug.rope_scaling.original_max_seq_len = 8192;
+    debug.moe.num_experts = 8;
+    debug.moe.top_k = 1;
+    debug.moe.num_shared_experts = 1;
+    debug.moe.score_func = ScoreFunc::Sigmoid;
+    debug.moe.score_before_experts = true;
+    m["debugmodel"] = debug;
+    auto big = [&](int64_t experts, int64_t interleave, bool scaled_rope) {
+      Llama4Args a = debug;
+      a.dim = 5120;
+      a.n_layers = 48;
+      a.n_heads = 40;
+      a.n_kv_heads = 8;
+      a.vocab_size = 202048;
+      a.ffn_dim_multiplier = 1.2;
+      a.multiple_of = 2048;
+      a.max_seq_len = 131072;
+      if (!scaled_rope) a.rope_scaling = RopeScaling{};
+      a.moe.num_experts = experts;
+      a.interleave_moe_layer_step = interleave;
+      return a;
+    };
+    m["17bx16e"] = big(16, 1, true);     // Llama-4 Scout
+    m["17bx128e"] = big(128, 2, false);  // Llama-4 Maverick
+    return m;
+  }();
+  return f;
+}
+
+}  // namespace
+
+std::vector<std::string> llama4_flavor_names() {
+  return {"debugmodel", "17bx16e", "17bx128e"};
+}
+
+Llama4Args llama4_flavor(const std::string& flavor) {
+  auto it = flavors().find(flavor);
+  if (it == flavors().end()) {
+    std::string allowed;
+    for (auto& n : llama4_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
+    throw UserError("model.flavor = \"" + flavor +
+                    "\" is not a llama4 flavor; allowed: " + allowed);
+  }
+  return it->second;
+}
+
+Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
+  validate_router_args(a.moe, "llama4");
+  if (a.interleave_moe_layer_step < 1)
+    throw UserError("llama4 interleave_moe_layer_step = " +
+                    std::to_string(a.interleave_moe_layer_step) + "; allowed: >= 1");
+  if (a.n_heads % a.n_kv_heads != 0)
+    throw UserError("llama4 n_kv_heads = " + std::to_string(a.n_kv_heads) +
+                    " does not divide n_heads = " + std::to_string(a.n_heads));
+  const int64_t hd = a.dim / a.n_heads;
+  const int64_t ffn = llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier);
+  const int64_t expert_hidden = llama4_expert_hidden(a);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    return params_.add(name, at::empty(shape, opts), decay);
+  };
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerIdx L;
+    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false));
+    L.w.push_back(P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true));
+    L.w.push_back(P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true));
+    L.w.push_back(P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true));
+    L.w.push_back(P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true));
+    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false));
+    if ((l + 1) % a.interleave_moe_layer_step == 0) {
+      moe_.push_back(
+          std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden, p + "moe.", params_, device));
+      for (int64_t i : moe_.back()->param_indices()) L.w.push_back(i);
+    } else {
+      moe_.push_back(nullptr);
+      L.ffn_w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true);
+      L.ffn_w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true);
+      L.ffn_w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true);
+      for (int64_t i : {L.ffn_w1, L.ffn_w2, L.ffn_w3}) L.w.push_back(i);
+    }
+    layers_.push_back(L);
+  }
+  norm_ = P("norm.weight", {a.dim}, false);
+  output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
+  for (int64_t l = 0; l < a.n_layers; ++l)
+    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+      return block(l, x, w);
+    });
+
+  info_.name = "llama4";
+  info_.vocab_size = a.vocab_size;
+  info_.max_seq_len = a.max_seq_len;
+  info_.dim = a.dim;
+  info_.n_layers = a.n_layers;
+  info_.n_params = params_.numel();
+  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_.n_active_non_embedding = active_non_embedding_params();
+  info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
+}
+
+void Llama4::init_weights(uint64_t seed) {
+  at::NoGradGuard ng;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto init = [&](int64_t i, auto&& fill) {
+    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
+    fill(cpu);
+    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+  };
+  auto trunc = [&](double std, double a, double b) {
+    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
+  };
+  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
+  init(tok_emb_, [&gen](at::Tensor& t) { t.normal_(0.0, 1.0, gen); });
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
+                                          : 2.0 * static_cast<double>(args_.n_layers);
+    const double out_std = 0.02 / std::sqrt(depth);
+    const LayerIdx& L = layers_[static_cast<size_t>(l)];
+    init(L.w[0], ones);
+    init(L.w[5], ones);
+    for (size_t i = 1; i <= 3; ++i) init(L.w[i], trunc(0.02, -2, 2));
+    init(L.w[4], trunc(out_std, -2, 2));
+    if (MoELayer* m = moe_layer(l)) {
+      m->init_weights(params_, gen, out_std);
+    } else {
+      init(L.ffn_w1, trunc(0.02, -2, 2));
+      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init(i, trunc(out_std, -2, 2));
+    }
+  }
+  init(norm_, ones);
+  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  init(output_, trunc(std, -3 * std, 3 * std));
+}
+
+at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
+  // w: attn_norm, wq, wk, wv, wo, ffn_norm, then the FFN's or the MoE layer's weights
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t hd = args_.dim / args_.n_heads;
+  at::Tensor h = rms_norm(x, w[0], args_.norm_eps);
+  at::Tensor q = at::linear(h, w[1]).view({B, T, args_.n_heads, hd});
+  at::Tensor k = at::linear(h, w[2]).view({B, T, args_.n_kv_heads, hd});
+  at::Tensor v = at::linear(h, w[3]).view({B, T, args_.n_kv_heads, hd});
+  q = apply_rope(q, rope_);
+  k = apply_rope(k, rope_);
+  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+  at::Tensor y = x + at::linear(attn, w[4]);
+  at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
+  if (MoELayer* m = moe_layer(layer))
+    return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));
+  return y + swiglu(z, w[6], w[7], w[8]);
+}
+
+at::Tensor Llama4::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
+  begin_forward();
+  at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
+  for (int64_t l = 0; l < args_.n_layers; ++l) {
+    std::vector<at::Tensor> w;
+    for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
+    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
+                           : block(l, h, w);
+  }
+  h = rms_norm(h, weight(norm_), args_.norm_eps);
+  return at::linear(h, weight(output_));  // (B, T, V)
+}
+
+}  // namespace titan

@@ -1,0 +1,64 @@
+// Llama-4 (text, MoE): Llama-3 blocks whose feed-forward is a Mixture-of-Experts layer every
+// interleave_moe_layer_step layers (sigmoid top-1 routing, one shared expert, scores applied
+// before the experts). Attention is Llama-3's: no chunked attention, iRoPE or QK-norm
+// (docs/models.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/layers.h"
+#include "models/moe_model.h"
+
+namespace titan {
+
+struct Llama4Args {
+  int64_t dim = 256;
+  int64_t n_layers = 6;
+  int64_t n_heads = 16;
+  int64_t n_kv_heads = 16;
+  int64_t vocab_size = 2048;
+  int64_t multiple_of = 256;
+  double ffn_dim_multiplier = 0;  // 0: none
+  double norm_eps = 1e-5;
+  double rope_theta = 500000;
+  RopeScaling rope_scaling;    // factor 1: none
+  int64_t max_seq_len = 2048;  // build_model sets the run's sequence length
+  bool depth_init = true;
+  int64_t interleave_moe_layer_step = 2;  // layer l is MoE when (l + 1) % step == 0
+  bool auto_scale_hidden_dim = true;      // expert hidden / (top_k + shared experts)
+  MoEArgs moe;
+};
+
+// Hidden size of the routed and shared experts (torchtitan's rule): int(2 * 4 * dim / 3),
+// times ffn_dim_multiplier, divided by (top_k + num_shared_experts) when auto-scaled, rounded
+// up to multiple_of. debugmodel: 682 / 2 = 341 -> 512.
+int64_t llama4_expert_hidden(const Llama4Args& a);
+
+Llama4Args llama4_flavor(const std::string& flavor);  // throws UserError
+std::vector<std::string> llama4_flavor_names();
+
+class Llama4 : public MoETransformer {
+ public:
+  Llama4(const Llama4Args& args, at::Device device);  // throws UserError for bad MoE args
+  at::Tensor forward(const at::Tensor& tokens) override;
+  void init_weights(uint64_t seed) override;
+  const ModelInfo& info() const override { return info_; }
+  const Llama4Args& args() const { return args_; }
+
+ private:
+  struct LayerIdx {
+    std::vector<int64_t> w;  // attn_norm, wq, wk, wv, wo, ffn_norm, then w1, w2, w3 or MoE
+    int64_t ffn_w1 = -1, ffn_w2 = -1, ffn_w3 = -1;  // dense layers
+  };
+  at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
+
+  Llama4Args args_;
+  ModelInfo info_;
+  RopeTables rope_;
+  int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
+  std::vector<LayerIdx> layers_;
+  std::vector<BlockFn> block_fns_;
+};
+
+}  // namespace titan

@@ -1,0 +1,80 @@
+#include "models/moe_model.h"
+
+#include <algorithm>
+
+#include "core/errors.h"
+
+namespace titan {
+
+std::vector<MoELayer*> MoETransformer::moe_layers() const {
+  std::vector<MoELayer*> v;
+  for (auto& m : moe_)
+    if (m) v.push_back(m.get());
+  return v;
+}
+
+at::Tensor MoETransformer::aux_loss() {
+  at::Tensor sum;
+  for (auto* m : moe_layers()) {
+    at::Tensor a = m->take_aux_loss();
+    if (a.defined()) sum = sum.defined() ? sum + a : a;
+  }
+  return sum;
+}
+
+void MoETransformer::after_optimizer_step() {
+  moe_balance_step(moe_layers(), dp_allreduce_);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> MoETransformer::buffers() {
+  std::vector<std::pair<std::string, at::Tensor>> b;
+  for (auto* m : moe_layers()) {
+    b.emplace_back(m->prefix() + "expert_bias", m->expert_bias);
+    b.emplace_back(m->prefix() + "tokens_per_expert", m->tokens_per_expert);
+  }
+  return b;
+}
+
+std::map<std::string, double> MoETransformer::extra_metrics() {
+  std::vector<std::pair<int64_t, MoELayer*>> v;
+  for (size_t l = 0; l < moe_.size(); ++l)
+    if (moe_[l]) v.emplace_back(static_cast<int64_t>(l), moe_[l].get());
+  return moe_load_metrics(v);
+}
+
+int64_t MoETransformer::active_non_embedding_params() const {
+  int64_t n = 0;
+  for (auto& p : params_.all()) {
+    if (p.name.find("tok_embeddings") != std::string::npos) continue;
+    n += p.value.numel();
+  }
+  for (auto* m : moe_layers()) {
+    // Only top_k of the num_experts routed experts touch a token.
+    const int64_t E = m->args().num_experts, K = m->args().top_k;
+    int64_t experts = 0;
+    for (const char* w : {"experts.w1", "experts.w2", "experts.w3"})
+      experts += params_[params_.index_of(m->prefix() + w)].value.numel();
+    n -= experts - experts * K / E;
+  }
+  return n;
+}
+
+void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device) {
+  moe.backend = select_experts_backend(cfg.moe.experts_backend, device);
+  moe.load_balance_coeff = cfg.moe.load_balance_coeff;
+  moe.seq_aux_loss_coeff = cfg.moe.seq_aux_loss_coeff;
+  const std::string& ac = cfg.activation_checkpoint.mode;
+  if (moe.seq_aux_loss_coeff > 0 && !ac.empty() && ac != "none")
+    throw UserError("moe.seq_aux_loss_coeff = " + std::to_string(moe.seq_aux_loss_coeff) +
+                    " cannot be combined with activation_checkpoint.mode = \"" + ac +
+                    "\" (the loss is built inside the recomputed blocks); allowed: "
+                    "moe.seq_aux_loss_coeff = 0, or activation_checkpoint.mode = \"none\"");
+}
+
+int64_t run_max_seq_len(const JobConfig& cfg) {
+  int64_t n = cfg.training.seq_len;
+  if (cfg.validation.enable) n = std::max(n, cfg.validation.seq_len);
+  return n;
+}
+
+}  // namespace titan

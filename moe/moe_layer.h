@@ -1,0 +1,95 @@
+// One Mixture-of-Experts feed-forward layer: router, dispatch, routed experts, shared
+// experts, and the layer's load-balancing state (aux-loss-free expert bias, token counts,
+// the optional sequence-wise auxiliary loss). Parameter and buffer names are torchtitan's:
+// <prefix>router.gate.weight, <prefix>experts.w1/w2/w3, <prefix>shared_experts.w1.weight, ...,
+// <prefix>expert_bias, <prefix>tokens_per_expert (docs/moe.md).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.h"
+#include "moe/experts.h"
+#include "moe/router.h"
+
+namespace titan {
+
+struct MoEArgs : RouterArgs {
+  int64_t num_shared_experts = 1;    // one dense SwiGLU of hidden * num_shared_experts
+  bool gate_bias = false;            // router gate with a bias term
+  bool score_before_experts = true;  // scale expert inputs (Llama-4) or outputs (DeepSeek)
+  double load_balance_coeff = 1e-3;  // expert-bias update speed; 0: off
+  double seq_aux_loss_coeff = 0;     // weight of the sequence-wise balance loss; 0: off
+  ExpertsBackend backend = ExpertsBackend::Loop;
+};
+
+class MoELayer {
+ public:
+  // How the model is running this forward.
+  struct Mode {
+    bool training = false;      // a training forward (grad mode on at the model's entry)
+    bool checkpointed = false;  // the block will be recomputed in backward
+  };
+
+  // Registers the parameters under `prefix` (e.g. "layers.1.moe.") in `store`.
+  MoELayer(const MoEArgs& args, int64_t dim, int64_t hidden, const std::string& prefix,
+           ParamStore& store, at::Device device);
+
+  // Store indices of the weights forward() takes, in its order.
+  const std::vector<int64_t>& param_indices() const { return params_; }
+  // torchtitan's init: experts.w1 N(0, 0.02), w2/w3 and the gate N(0, init_std), all
+  // truncated to [-2, 2]; the shared experts like a dense FFN; buffers zeroed.
+  void init_weights(ParamStore& store, at::Generator& gen, double init_std);
+
+  // x: (B, S, D) -> (B, S, D). w: compute forms of param_indices().
+  at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& w, Mode mode);
+
+  // The sequence-wise auxiliary loss of the forwards since the last call (undefined if off).
+  at::Tensor take_aux_loss();
+
+  const MoEArgs& args() const { return args_; }
+  int64_t hidden() const { return hidden_; }
+  const std::string& prefix() const { return prefix_; }
+
+  // Training state. expert_bias (E) fp32: added to the scores for selection only.
+  // tokens_per_expert (E) fp32: routed rows counted by training forwards since the last
+  // optimizer step. load_since_log (E) fp32: counts of the optimizer steps since the last
+  // load-metrics read.
+  at::Tensor expert_bias, tokens_per_expert, load_since_log;
+
+  // Host counts saved by checkpointed loop-backend forwards for their recompute.
+  size_t pending_recomputes() const { return pending_counts_.size(); }
+  void clear_pending() { pending_counts_.clear(); }
+
+ private:
+  MoEArgs args_;
+  int64_t dim_, hidden_;
+  std::string prefix_;
+  std::vector<int64_t> params_;
+  int64_t gate_w_ = -1, gate_b_ = -1, w1_ = -1, w2_ = -1, w3_ = -1;
+  int64_t sw1_ = -1, sw2_ = -1, sw3_ = -1;
+  std::deque<std::vector<int64_t>> pending_counts_;
+  at::Tensor aux_;
+};
+
+// Once per optimizer step (DeepSeek's aux-loss-free balancing, arXiv 2408.15664): sums the
+// counts over data-parallel ranks with `dp_allreduce` (if set), then per layer
+// delta = coeff * sign(mean(count) - count), delta -= mean(delta), bias += delta; moves the
+// counts into load_since_log and zeroes them. One collective for all layers.
+void moe_balance_step(const std::vector<MoELayer*>& layers,
+                      const std::function<void(at::Tensor&)>& dp_allreduce);
+
+// moe/layer<N>/max_mean_load_ratio (max over mean of the per-expert counts) and
+// moe/layer<N>/dead_experts (experts with no tokens), from the counts of the optimizer steps
+// since the last call (load_since_log), which it then resets. Reads the device: log steps
+// only. `layers`: (transformer layer index, layer).
+std::map<std::string, double> moe_load_metrics(
+    const std::vector<std::pair<int64_t, MoELayer*>>& layers);
+
+}  // namespace titan

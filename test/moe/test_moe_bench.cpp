@@ -1,0 +1,78 @@
+// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run. Hidden
+// (tag [.bench]): not part of the test suite; scripts/bench_moe.sh runs it.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+
+#include "moe/moe_layer.h"
+
+using namespace titan;
+
+namespace {
+
+double env_or(const char* name, double dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atof(e) : dflt;
+}
+
+}  // namespace
+
+TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_mm", "[.bench]") {
+  const bool cuda = at::hasCUDA();
+  at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::ScalarType dt = cuda ? at::kBFloat16 : at::kFloat;
+  const int64_t dim = static_cast<int64_t>(env_or("MOE_BENCH_DIM", cuda ? 2048 : 256));
+  const int64_t hidden = static_cast<int64_t>(env_or("MOE_BENCH_HIDDEN", cuda ? 1408 : 256));
+  const int64_t E = static_cast<int64_t>(env_or("MOE_BENCH_EXPERTS", cuda ? 64 : 8));
+  const int64_t K = static_cast<int64_t>(env_or("MOE_BENCH_TOPK", cuda ? 6 : 2));
+  const int64_t tokens = static_cast<int64_t>(env_or("MOE_BENCH_TOKENS", cuda ? 16384 : 2048));
+  const int iters = static_cast<int>(env_or("MOE_BENCH_ITERS", cuda ? 20 : 5));
+  // grouped_mm runs on the CPU through LibTorch's per-group fallback (it copies the offsets to
+  // the host), so the CPU ratio compares two loops; the CUTLASS kernel needs SM90+.
+  const bool grouped_ok = !cuda || cuda_compute_capability(dev) >= 90;
+  std::cout << "MoE layer: dim " << dim << ", expert hidden " << hidden << ", " << E
+            << " experts, top-" << K << ", " << tokens << " tokens, "
+            << (cuda ? "CUDA bf16" : "CPU fp32") << ", " << iters << " timed iterations\n";
+  std::map<std::string, double> tps;
+  for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+    if (b == ExpertsBackend::GroupedMM && !grouped_ok) {
+      std::cout << "grouped_mm: skipped (this CUDA device is below compute capability 9.0)\n";
+      continue;
+    }
+    MoEArgs a;
+    a.num_experts = E;
+    a.top_k = K;
+    a.num_shared_experts = 0;
+    a.score_func = ScoreFunc::Softmax;
+    a.score_before_experts = false;
+    a.backend = b;
+    ParamStore store;
+    MoELayer moe(a, dim, hidden, "moe.", store, dev);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+    moe.init_weights(store, gen, 0.02);
+    at::Tensor x = at::randn({1, tokens, dim}, gen).to(dev, dt).requires_grad_();
+    at::Tensor g = at::randn({1, tokens, dim}, gen).to(dev, dt);
+    auto step = [&] {
+      std::vector<at::Tensor> w;
+      for (auto& p : store.all()) w.push_back(p.value.to(dt));
+      moe.forward(x, w, {true, false}).backward(g);
+    };
+    step();  // warm-up
+    if (cuda) (void)x.grad().sum().item<double>();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) step();
+    if (cuda) (void)x.grad().sum().item<double>();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tps[experts_backend_name(b)] = static_cast<double>(tokens) * iters / s;
+    std::cout << std::setw(11) << experts_backend_name(b) << ": " << std::fixed
+              << std::setprecision(1) << 1e3 * s / iters << " ms per forward+backward, "
+              << std::setprecision(0) << tps[experts_backend_name(b)] << " tokens/s\n";
+  }
+  if (tps.count("grouped_mm"))
+    std::cout << "grouped_mm / loop throughput ratio: " << std::setprecision(2)
+              << tps["grouped_mm"] / tps["loop"] << "\n";
+  SUCCEED();
+}
