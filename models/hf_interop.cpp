@@ -1,0 +1,582 @@
+#include "models/hf_interop.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "core/safetensors.h"
+
+namespace titan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// The shape each HF tensor of `m` has when ours has shape `ours`.
+std::vector<int64_t> hf_shape(const HfTensorMap& m, at::IntArrayRef ours) {
+  if (m.transform == HfTransform::kSplitExperts) return {ours.begin() + 1, ours.end()};
+  return ours.vec();
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// transformers checkpoints of older versions carry the rotary tables as buffers; they are
+// recomputed from config.json, so they are skipped rather than reported as unexpected.
+bool ignorable_hf_tensor(const std::string& name) {
+  return ends_with(name, "rotary_emb.inv_freq");
+}
+
+// Writes `text` to `path` and fsyncs it, so the folder rename that publishes it is durable.
+void write_text_durable(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError("cannot create " + path + ": " + std::strerror(errno));
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      throw UserError("cannot write " + path + ": " + std::strerror(e));
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw UserError("cannot write " + path + ": " + std::strerror(errno));
+}
+
+void fsync_dir(const std::string& dir) {
+  // Best effort: some file systems refuse fsync on folders.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string strip_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+std::string shard_name(size_t k, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", k, n);
+  return buf;
+}
+
+// Pairs each map entry with its tensor; every tensor must be mapped and every entry present.
+std::vector<at::Tensor> match_tensors(const NamedTensors& tensors,
+                                      const std::vector<HfTensorMap>& map) {
+  std::map<std::string, at::Tensor> by_name;
+  for (auto& [name, t] : tensors) {
+    TORCH_CHECK(by_name.emplace(name, t).second, "hf interop: tensor '", name, "' given twice");
+  }
+  std::vector<at::Tensor> out;
+  for (auto& m : map) {
+    auto it = by_name.find(m.ours);
+    TORCH_CHECK(it != by_name.end(), "hf interop: the map names '", m.ours,
+                "' but the model has no such tensor");
+    if (m.transform == HfTransform::kSplitExperts) {
+      TORCH_CHECK(it->second.dim() >= 1 && it->second.size(0) == static_cast<int64_t>(m.hf.size()),
+                  "hf interop: '", m.ours, "' has shape ", shape_str(it->second.sizes()),
+                  " but the map splits it into ", m.hf.size(), " experts");
+    }
+    out.push_back(it->second);
+    by_name.erase(it);
+  }
+  TORCH_CHECK(by_name.empty(), "hf interop: tensor '",
+              by_name.empty() ? std::string() : by_name.begin()->first,
+              "' has no Hugging Face name in the map");
+  return out;
+}
+
+NamedTensors named(const ParamStore& params) {
+  NamedTensors r;
+  for (auto& p : params.all()) r.emplace_back(p.name, p.value);
+  return r;
+}
+
+}  // namespace
+
+at::ScalarType hf_export_dtype(const std::string& name, const std::string& what) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  throw UserError(what + " = \"" + name +
+                  "\" is not supported; allowed: float32, bfloat16, float16");
+}
+
+void validate_hf_map(const std::vector<HfTensorMap>& map) {
+  std::set<std::string> ours, hf;
+  for (auto& m : map) {
+    TORCH_CHECK(ours.insert(m.ours).second, "hf map: '", m.ours, "' mapped twice");
+    TORCH_CHECK(!m.hf.empty(), "hf map: '", m.ours, "' has no HF name");
+    TORCH_CHECK(m.transform == HfTransform::kSplitExperts || m.hf.size() == 1, "hf map: '", m.ours,
+                "' has several HF names but is not split into experts");
+    TORCH_CHECK(m.transform != HfTransform::kRopePermute || m.rope_heads > 0, "hf map: '", m.ours,
+                "' needs rope_heads");
+    for (auto& h : m.hf) TORCH_CHECK(hf.insert(h).second, "hf map: HF name '", h, "' used twice");
+  }
+}
+
+std::vector<at::Tensor> to_hf_layout(const HfTensorMap& m, const at::Tensor& ours) {
+  switch (m.transform) {
+    case HfTransform::kNone:
+      return {ours};
+    case HfTransform::kRopePermute: {
+      const int64_t rows = ours.size(0), cols = ours.size(1), h = m.rope_heads;
+      TORCH_CHECK(rows % (2 * h) == 0, "hf interop: '", m.ours, "' rows ", rows,
+                  " do not split into ", h, " heads of even size");
+      // Within each head, row 2i (the real part of pair i) goes to i and row 2i+1 (the
+      // imaginary part) to i + head_dim/2: HF's rotate_half layout.
+      return {ours.reshape({h, rows / h / 2, 2, cols}).transpose(1, 2).reshape({rows, cols})};
+    }
+    case HfTransform::kSplitExperts: {
+      std::vector<at::Tensor> r;
+      for (int64_t e = 0; e < ours.size(0); ++e) r.push_back(ours.select(0, e));
+      return r;
+    }
+  }
+  TORCH_CHECK(false, "unreachable");
+}
+
+at::Tensor from_hf_layout(const HfTensorMap& m, const std::vector<at::Tensor>& hf) {
+  switch (m.transform) {
+    case HfTransform::kNone:
+      return hf.at(0);
+    case HfTransform::kRopePermute: {
+      const at::Tensor& w = hf.at(0);
+      const int64_t rows = w.size(0), cols = w.size(1), h = m.rope_heads;
+      return w.reshape({h, 2, rows / h / 2, cols}).transpose(1, 2).reshape({rows, cols});
+    }
+    case HfTransform::kSplitExperts:
+      return at::stack(hf, 0);
+  }
+  TORCH_CHECK(false, "unreachable");
+}
+
+// ---- Export ---------------------------------------------------------------------------------
+
+void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+               const nlohmann::ordered_json& config, const std::string& dir_arg,
+               const HfExportOptions& opts) {
+  validate_hf_map(map);
+  TORCH_CHECK(opts.dtype == at::kFloat || opts.dtype == at::kBFloat16 || opts.dtype == at::kHalf,
+              "export_hf: dtype must be float32, bfloat16 or float16");
+  TORCH_CHECK(opts.max_shard_bytes > 0, "export_hf: max_shard_bytes must be positive");
+  const std::vector<at::Tensor> ours = match_tensors(tensors, map);
+
+  // "out/" and "out" name the same folder, and the temp folder is its sibling.
+  const std::string dir = strip_slashes(dir_arg);
+  if (dir.empty()) throw UserError("export to Hugging Face: the output folder name is empty");
+  std::error_code ec;
+  const bool exists = fs::exists(dir, ec);
+  if (exists) {
+    if (!fs::is_directory(dir, ec))
+      throw UserError("export to Hugging Face: " + dir + " exists and is not a folder");
+    if (!fs::is_empty(dir, ec))
+      throw UserError("export to Hugging Face: refusing to overwrite the non-empty folder " + dir +
+                      "; remove it or choose another output folder");
+  }
+
+  // One item per HF tensor, in map order; shards are filled greedily in that order.
+  struct Item {
+    size_t entry;
+    size_t k;  // index into map[entry].hf
+  };
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(opts.dtype));
+  std::vector<std::vector<Item>> shards;
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (size_t i = 0; i < map.size(); ++i) {
+    const std::vector<int64_t> shape = hf_shape(map[i], ours[i].sizes());
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    for (size_t k = 0; k < map[i].hf.size(); ++k) {
+      const int64_t bytes = numel * elem;
+      if (shards.empty() || (shard_bytes > 0 && shard_bytes + bytes > opts.max_shard_bytes)) {
+        shards.emplace_back();
+        shard_bytes = 0;
+      }
+      shards.back().push_back({i, k});
+      shard_bytes += bytes;
+      total_bytes += bytes;
+    }
+  }
+
+  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) || ec)
+    throw UserError("export to Hugging Face: cannot create " + tmp + ": " + ec.message());
+  try {
+    at::NoGradGuard ng;
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    std::vector<std::pair<std::string, std::string>> placement;  // hf name -> shard file
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string file = shard_name(s + 1, shards.size());
+      NamedTensors out;
+      for (const Item& it : shards[s]) {
+        const HfTensorMap& m = map[it.entry];
+        // Cast on the tensor's device first so only the exported dtype crosses to the host.
+        at::Tensor t = to_hf_layout(m, ours[it.entry].detach())[it.k];
+        out.emplace_back(m.hf[it.k], t.to(opts.dtype).to(at::kCPU).contiguous());
+        placement.emplace_back(m.hf[it.k], file);
+      }
+      save_safetensors(tmp + "/" + file, out, {{"format", "pt"}});
+    }
+    std::sort(placement.begin(), placement.end());
+    for (auto& [name, file] : placement) weight_map[name] = file;
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes}}},
+                                    {"weight_map", weight_map}};
+    write_text_durable(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+    write_text_durable(tmp + "/config.json", config.dump(2) + "\n");
+    fsync_dir(tmp);
+    if (exists) fs::remove(dir, ec);  // empty: checked above
+    fs::rename(tmp, dir, ec);
+    if (ec)
+      throw UserError("export to Hugging Face: cannot rename " + tmp + " to " + dir + ": " +
+                      ec.message());
+    fsync_dir(fs::absolute(dir).parent_path().string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+void export_hf(const ParamStore& params, const std::vector<HfTensorMap>& map,
+               const nlohmann::ordered_json& config, const std::string& dir,
+               const HfExportOptions& opts) {
+  export_hf(named(params), map, config, dir, opts);
+}
+
+// ---- Import ---------------------------------------------------------------------------------
+
+namespace {
+
+// The tensors of an HF folder and which file holds each.
+struct HfFolder {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> where;
+};
+
+HfFolder open_hf_folder(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw UserError("Hugging Face folder " + dir + " does not exist or is not a folder");
+  HfFolder f;
+  auto add_file = [&](const std::string& path) {
+    f.files.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(path)));
+    const SafetensorsFile* sf = f.files.back().get();
+    for (auto& e : sf->entries()) {
+      auto [it, fresh] = f.where.emplace(e.name, sf);
+      if (!fresh)
+        throw UserError("Hugging Face folder " + dir + ": tensor '" + e.name + "' is in both " +
+                        it->second->path() + " and " + path);
+    }
+  };
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  const std::string single_path = dir + "/model.safetensors";
+  if (fs::exists(index_path, ec)) {
+    std::ifstream in(index_path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) throw UserError("cannot read " + index_path);
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(index_path + ": not valid JSON: " + e.what());
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+      throw UserError(index_path +
+                      ": found no \"weight_map\" object; expected "
+                      "{\"weight_map\": {\"<tensor>\": \"<shard file>\", ...}}");
+    std::map<std::string, std::string> wanted;  // tensor -> shard file
+    std::set<std::string> shard_files;
+    for (auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string())
+        throw UserError(index_path + ": weight_map[\"" + name + "\"] is " + file.dump() +
+                        "; expected a shard file name");
+      const std::string s = file.get<std::string>();
+      if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..")
+        throw UserError(index_path + ": weight_map[\"" + name + "\"] = \"" + s +
+                        "\"; expected a file name in the same folder");
+      wanted[name] = s;
+      shard_files.insert(s);
+    }
+    for (auto& s : shard_files) add_file(dir + "/" + s);
+    for (auto& [name, file] : wanted) {
+      auto it = f.where.find(name);
+      if (it == f.where.end() || it->second->path() != dir + "/" + file)
+        throw UserError(index_path + " puts tensor '" + name + "' in " + file +
+                        ", but that file has no such tensor");
+    }
+  } else if (fs::exists(single_path, ec)) {
+    add_file(single_path);
+  } else {
+    throw UserError("Hugging Face folder " + dir +
+                    " has neither model.safetensors.index.json nor model.safetensors");
+  }
+  return f;
+}
+
+}  // namespace
+
+void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+               const std::string& dir_arg) {
+  validate_hf_map(map);
+  const std::vector<at::Tensor> ours = match_tensors(tensors, map);
+  const std::string dir = strip_slashes(dir_arg);
+  HfFolder folder = open_hf_folder(dir);
+
+  // Check every name, shape and dtype before touching the model.
+  std::set<std::string> expected;
+  for (size_t i = 0; i < map.size(); ++i) {
+    const std::vector<int64_t> want = hf_shape(map[i], ours[i].sizes());
+    for (auto& name : map[i].hf) {
+      expected.insert(name);
+      auto it = folder.where.find(name);
+      if (it == folder.where.end())
+        throw UserError("Hugging Face folder " + dir + " has no tensor '" + name + "' (shape " +
+                        shape_str(want) + ", our " + map[i].ours + ")");
+      const SafetensorsEntry& e = it->second->entry(name);
+      if (e.shape != want)
+        throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
+                        " has shape " + shape_str(e.shape) + "; expected " + shape_str(want) +
+                        " (our " + map[i].ours + " " + shape_str(ours[i].sizes()) + ")");
+      if (!at::isFloatingType(e.dtype))
+        throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
+                        " has dtype " + safetensors_dtype_name(e.dtype) +
+                        "; expected a floating dtype (F64, F32, F16, BF16)");
+    }
+  }
+  for (auto& [name, file] : folder.where) {
+    if (!expected.count(name) && !ignorable_hf_tensor(name))
+      throw UserError("Hugging Face tensor '" + name + "' in " + file->path() +
+                      " is not part of this model (" + std::to_string(expected.size()) +
+                      " tensors expected); wrong model or flavor?");
+  }
+
+  at::NoGradGuard ng;
+  for (size_t i = 0; i < map.size(); ++i) {
+    std::vector<at::Tensor> hf;
+    for (auto& name : map[i].hf)
+      hf.push_back(folder.where.at(name)->get(name).to(ours[i].scalar_type()));
+    at::Tensor dst = ours[i];
+    dst.copy_(from_hf_layout(map[i], hf));
+  }
+}
+
+void import_hf(ParamStore& params, const std::vector<HfTensorMap>& map, const std::string& dir) {
+  import_hf(named(params), map, dir);
+}
+
+// ---- Llama-3 ----------------------------------------------------------------------------------
+
+std::vector<HfTensorMap> llama3_hf_map(const Llama3Args& a) {
+  std::vector<HfTensorMap> m;
+  auto add = [&](const std::string& ours, const std::string& hf, HfTransform t = HfTransform::kNone,
+                 int64_t heads = 0) {
+    m.push_back({ours, {hf}, t, heads});
+  };
+  add("tok_embeddings.weight", "model.embed_tokens.weight");
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    add(p + "attention_norm.weight", h + "input_layernorm.weight");
+    add(p + "attention.wq.weight", h + "self_attn.q_proj.weight", HfTransform::kRopePermute,
+        a.n_heads);
+    add(p + "attention.wk.weight", h + "self_attn.k_proj.weight", HfTransform::kRopePermute,
+        a.n_kv_heads);
+    add(p + "attention.wv.weight", h + "self_attn.v_proj.weight");
+    add(p + "attention.wo.weight", h + "self_attn.o_proj.weight");
+    add(p + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    add(p + "feed_forward.w1.weight", h + "mlp.gate_proj.weight");
+    add(p + "feed_forward.w2.weight", h + "mlp.down_proj.weight");
+    add(p + "feed_forward.w3.weight", h + "mlp.up_proj.weight");
+  }
+  add("norm.weight", "model.norm.weight");
+  if (!a.tie_embeddings) add("output.weight", "lm_head.weight");
+  return m;
+}
+
+nlohmann::ordered_json llama3_hf_config(const Llama3Args& a, at::ScalarType dtype) {
+  nlohmann::ordered_json rope_scaling = nullptr;
+  if (a.rope_scaling.factor != 1.0) {
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", a.rope_scaling.factor},
+                    {"low_freq_factor", a.rope_scaling.low_freq_factor},
+                    {"high_freq_factor", a.rope_scaling.high_freq_factor},
+                    {"original_max_position_embeddings", a.rope_scaling.original_max_seq_len}};
+  }
+  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16"
+                           : dtype == at::kHalf   ? "float16"
+                                                  : "float32";
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", a.dim},
+          {"intermediate_size", llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier)},
+          {"num_attention_heads", a.n_heads},
+          {"num_hidden_layers", a.n_layers},
+          {"num_key_value_heads", a.n_kv_heads},
+          {"head_dim", a.dim / a.n_heads},
+          {"rms_norm_eps", a.norm_eps},
+          {"rope_theta", a.rope_theta},
+          {"rope_scaling", rope_scaling},
+          {"vocab_size", a.vocab_size},
+          {"tie_word_embeddings", a.tie_embeddings},
+          {"max_position_embeddings", a.max_seq_len},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"torch_dtype", dtype_name}};
+}
+
+void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts) {
+  export_hf(model.params(), llama3_hf_map(model.args()), llama3_hf_config(model.args(), opts.dtype),
+            dir, opts);
+}
+
+namespace {
+
+// Weight shapes cannot tell a folder's head count from ours (dim 256 is 16 heads of 16 or 8
+// of 32), yet the q/k permutation depends on it; config.json can, so its structural fields
+// must agree. Fields that only change the computation, not the weights, warn.
+void check_llama3_hf_config(const Llama3Args& a, const std::string& dir_arg) {
+  const std::string dir = strip_slashes(dir_arg);
+  const std::string path = dir + "/config.json";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // import_hf reports the missing folder
+  if (!fs::exists(path, ec)) {
+    log_warn(path + " is missing: the folder's head counts cannot be checked against the model");
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::ordered_json cfg;
+  try {
+    cfg = nlohmann::ordered_json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path + ": not valid JSON: " + e.what());
+  }
+  if (!cfg.is_object()) throw UserError(path + ": found " + cfg.dump() + "; expected an object");
+  const nlohmann::ordered_json want = llama3_hf_config(a, at::kFloat);
+  for (const char* key : {"hidden_size", "intermediate_size", "num_attention_heads",
+                          "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim"}) {
+    if (cfg.contains(key) && !cfg[key].is_null() && cfg[key] != want[key])
+      throw UserError(path + ": " + key + " = " + cfg[key].dump() + "; this model has " +
+                      want[key].dump() + " (wrong flavor?)");
+  }
+  auto number = [&](const nlohmann::ordered_json& v, double& out) {
+    if (!v.is_number()) return false;
+    out = v.get<double>();
+    return true;
+  };
+  double theta = 0, eps = 0;
+  const bool has_theta = (cfg.contains("rope_theta") && number(cfg["rope_theta"], theta)) ||
+                         (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() &&
+                          cfg["rope_parameters"].contains("rope_theta") &&
+                          number(cfg["rope_parameters"]["rope_theta"], theta));
+  if (has_theta && std::abs(theta - a.rope_theta) > 1e-9 * a.rope_theta)
+    log_warn(path + ": rope_theta = " + std::to_string(theta) + " but this model uses " +
+             std::to_string(a.rope_theta));
+  if (cfg.contains("rms_norm_eps") && number(cfg["rms_norm_eps"], eps) &&
+      std::abs(eps - a.norm_eps) > 1e-9 * a.norm_eps)
+    log_warn(path + ": rms_norm_eps = " + cfg["rms_norm_eps"].dump() + " but this model uses " +
+             want["rms_norm_eps"].dump());
+}
+
+}  // namespace
+
+void import_llama3_hf(Llama3& model, const std::string& dir) {
+  check_llama3_hf_config(model.args(), dir);
+  import_hf(model.params(), llama3_hf_map(model.args()), dir);
+}
+
+// ---- DeepSeek-V3 --------------------------------------------------------------------------------
+
+std::vector<HfTensorMap> deepseek_v3_hf_map(const DeepSeekV3HfLayout& d) {
+  std::vector<HfTensorMap> m;
+  auto add = [&](const std::string& ours, const std::string& hf) {
+    m.push_back({ours, {hf}, HfTransform::kNone, 0});
+  };
+  add("tok_embeddings.weight", "model.embed_tokens.weight");
+  for (int64_t l = 0; l < d.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    add(p + "attention_norm.weight", h + "input_layernorm.weight");
+    if (d.q_lora) {
+      add(p + "attention.wq_a.weight", h + "self_attn.q_a_proj.weight");
+      add(p + "attention.q_norm.weight", h + "self_attn.q_a_layernorm.weight");
+      add(p + "attention.wq_b.weight", h + "self_attn.q_b_proj.weight");
+    } else {
+      add(p + "attention.wq.weight", h + "self_attn.q_proj.weight");
+    }
+    add(p + "attention.wkv_a.weight", h + "self_attn.kv_a_proj_with_mqa.weight");
+    add(p + "attention.kv_norm.weight", h + "self_attn.kv_a_layernorm.weight");
+    add(p + "attention.wkv_b.weight", h + "self_attn.kv_b_proj.weight");
+    add(p + "attention.wo.weight", h + "self_attn.o_proj.weight");
+    add(p + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    if (l < d.n_dense_layers) {
+      add(p + "feed_forward.w1.weight", h + "mlp.gate_proj.weight");
+      add(p + "feed_forward.w2.weight", h + "mlp.down_proj.weight");
+      add(p + "feed_forward.w3.weight", h + "mlp.up_proj.weight");
+      continue;
+    }
+    add(p + "moe.router.gate.weight", h + "mlp.gate.weight");
+    if (d.expert_bias) add(p + "moe.expert_bias", h + "mlp.gate.e_score_correction_bias");
+    // torchtitan's grouped experts have no ".weight" suffix.
+    for (auto [w, proj] : {std::pair<const char*, const char*>{"w1", "gate_proj"},
+                           {"w2", "down_proj"},
+                           {"w3", "up_proj"}}) {
+      HfTensorMap e{p + "moe.experts." + w, {}, HfTransform::kSplitExperts, 0};
+      for (int64_t k = 0; k < d.n_experts; ++k)
+        e.hf.push_back(h + "mlp.experts." + std::to_string(k) + "." + proj + ".weight");
+      m.push_back(std::move(e));
+    }
+    if (d.shared_experts) {
+      add(p + "moe.shared_experts.w1.weight", h + "mlp.shared_experts.gate_proj.weight");
+      add(p + "moe.shared_experts.w2.weight", h + "mlp.shared_experts.down_proj.weight");
+      add(p + "moe.shared_experts.w3.weight", h + "mlp.shared_experts.up_proj.weight");
+    }
+  }
+  add("norm.weight", "model.norm.weight");
+  if (!d.tie_embeddings) add("output.weight", "lm_head.weight");
+  return m;
+}
+
+std::vector<HfTensorMap> deepseek_v3_hf_map(int64_t n_layers, int64_t n_dense_layers,
+                                            int64_t n_experts, bool q_lora) {
+  DeepSeekV3HfLayout d;
+  d.n_layers = n_layers;
+  d.n_dense_layers = n_dense_layers;
+  d.n_experts = n_experts;
+  d.q_lora = q_lora;
+  return deepseek_v3_hf_map(d);
+}
+
+}  // namespace titan

@@ -1,0 +1,108 @@
+// Hugging Face weight import/export: maps between our parameter names and layouts
+// (torchtitan's) and the ones transformers uses for a model family, and reads/writes the HF
+// folder layout (sharded safetensors + model.safetensors.index.json + config.json).
+//
+// A family is described by a list of HfTensorMap entries, one per tensor of ours; the generic
+// export_hf/import_hf helpers do the folder handling, so a family's functions only build the
+// map and its config.json.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/llama3.h"
+#include "models/model.h"
+
+namespace titan {
+
+enum class HfTransform {
+  kNone,
+  // Meta/torchtitan RoPE rotates adjacent pairs (x[2i], x[2i+1]) of a head; HF Llama rotates
+  // halves (x[i], x[i + d/2]). The q/k projection rows are permuted per head on export (and
+  // back on import) so both compute the same attention scores.
+  kRopePermute,
+  // Our tensor stacks experts on dim 0 ([E, ...]); HF stores one tensor per expert.
+  kSplitExperts,
+};
+
+struct HfTensorMap {
+  std::string ours;             // our name, e.g. "layers.0.attention.wq.weight"
+  std::vector<std::string> hf;  // one HF name; kSplitExperts: one per expert, in expert order
+  HfTransform transform = HfTransform::kNone;
+  int64_t rope_heads = 0;  // kRopePermute: heads in the projection (n_heads or n_kv_heads)
+};
+
+struct HfExportOptions {
+  at::ScalarType dtype = at::kFloat;    // float32, bfloat16 or float16
+  int64_t max_shard_bytes = 2LL << 30;  // a shard holds at least one tensor, whatever its size
+};
+
+// Checks that no name of ours and no HF name appears twice, and that each entry's shape of
+// HF names fits its transform. Programming errors: c10::Error.
+void validate_hf_map(const std::vector<HfTensorMap>& map);
+
+// Our tensor -> its HF tensors (same dtype and device), in map.hf order.
+std::vector<at::Tensor> to_hf_layout(const HfTensorMap& m, const at::Tensor& ours);
+// The HF tensors of one entry -> our layout (the inverse of to_hf_layout).
+at::Tensor from_hf_layout(const HfTensorMap& m, const std::vector<at::Tensor>& hf);
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Writes `tensors` (every one must have a map entry, and every map entry a tensor) under
+// their HF names into `dir`: model-0000K-of-0000N.safetensors shards,
+// model.safetensors.index.json and `config` as config.json. Atomic: everything is written to
+// `dir`.tmp-<pid>, then renamed to `dir`. A non-empty existing `dir` is a UserError.
+void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+               const nlohmann::ordered_json& config, const std::string& dir,
+               const HfExportOptions& opts);
+void export_hf(const ParamStore& params, const std::vector<HfTensorMap>& map,
+               const nlohmann::ordered_json& config, const std::string& dir,
+               const HfExportOptions& opts);
+
+// Reads the HF folder `dir` (model.safetensors.index.json + shards, or one model.safetensors)
+// into `tensors` (copy_ into the live tensors, converting dtype and device). Every mapped HF
+// tensor must be present with the right shape and a floating dtype, and no other tensor may be
+// present (rotary inv_freq buffers aside); everything is checked before any tensor is
+// modified. Violations are UserErrors naming the HF tensor, its file, found and expected.
+void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+               const std::string& dir);
+void import_hf(ParamStore& params, const std::vector<HfTensorMap>& map, const std::string& dir);
+
+// ---- Llama-3 ----------------------------------------------------------------------------------
+
+std::vector<HfTensorMap> llama3_hf_map(const Llama3Args& args);
+// transformers' LlamaConfig for `args`; `dtype` becomes torch_dtype.
+nlohmann::ordered_json llama3_hf_config(const Llama3Args& args, at::ScalarType dtype);
+void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts);
+void import_llama3_hf(Llama3& model, const std::string& dir);
+
+// ---- DeepSeek-V3 (names only until the model exists) -----------------------------------------
+
+struct DeepSeekV3HfLayout {
+  int64_t n_layers = 0;
+  int64_t n_dense_layers = 0;  // layers [0, n_dense_layers) use a dense feed-forward, then MoE
+  int64_t n_experts = 0;
+  bool q_lora = false;          // q_lora_rank > 0: wq_a, q_norm, wq_b instead of wq
+  bool shared_experts = true;   // n_shared_experts > 0
+  bool expert_bias = true;      // load-balancing bias buffer (HF e_score_correction_bias)
+  bool tie_embeddings = false;  // no output.weight / lm_head.weight
+};
+
+// torchtitan's deepseek_v3 names <-> transformers' DeepseekV3ForCausalLM names. Experts
+// (layers.N.moe.experts.w1 [E, hidden, dim], w3 [E, hidden, dim], w2 [E, dim, hidden]) split
+// into model.layers.N.mlp.experts.K.{gate,up,down}_proj.weight. No RoPE permutation: HF's
+// DeepseekV3 rotates adjacent pairs (rope_interleave) like torchtitan.
+std::vector<HfTensorMap> deepseek_v3_hf_map(const DeepSeekV3HfLayout& layout);
+std::vector<HfTensorMap> deepseek_v3_hf_map(int64_t n_layers, int64_t n_dense_layers,
+                                            int64_t n_experts, bool q_lora);
+
+// "float32" | "bfloat16" | "float16" -> dtype; otherwise a UserError naming `what`.
+at::ScalarType hf_export_dtype(const std::string& name, const std::string& what);
+
+}  // namespace titan
