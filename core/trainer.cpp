@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "core/checkpoint.h"
@@ -14,6 +15,8 @@
 #include "core/lr_schedule.h"
 #include "core/metrics.h"
 #include "core/tokenizer.h"
+#include "models/hf_interop.h"
+#include "models/llama3.h"
 
 namespace titan {
 namespace {
@@ -218,7 +221,18 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   // ---- resume ----------------------------------------------------------------------------------
   Checkpointer ckpt(cfg, launch.rank, launch.world_size);
   TrainingState state{model.get(), &opt, &loader, 0, 0};
-  if (cfg.checkpoint.enable) {
+  auto* llama = dynamic_cast<Llama3*>(model.get());
+  const auto& cc = cfg.checkpoint;
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf) && !llama)
+    throw UserError(
+        "checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face weights are "
+        "supported for model.name = \"llama3\" only in this version; found \"" +
+        cfg.model.name + "\"");
+  if (cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
+      Checkpointer::complete_steps(ckpt.root()).empty()) {
+    import_llama3_hf(*llama, cc.initial_load_path);
+    log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
+  } else if (cc.enable) {
     std::string what = ckpt.load(state);
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt.root() + ", starting fresh" : what));
@@ -308,6 +322,13 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (cfg.checkpoint.enable && state.step == cfg.training.steps)
     ckpt.save(state, cfg.checkpoint.last_save_model_only);
   ckpt.wait();
+  if (cc.enable && cc.last_save_in_hf && llama) {
+    const std::string dir = ckpt.root() + "/step-" + std::to_string(state.step) + "-hf";
+    HfExportOptions o;
+    o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
+    if (!std::filesystem::exists(dir)) export_llama3_hf(*llama, dir, o);
+    log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
+  }
   log_info("training done: " + std::to_string(cfg.training.steps) + " steps");
   return 0;
 }

@@ -28,7 +28,7 @@ RopeTables yarn_rope_tables(const DeepSeekV3Args& a, at::Device device) {
     freqs = freqs / a.rope_factor * (1 - smooth) + freqs * smooth;
   }
   at::Tensor angles = at::outer(at::arange(a.max_seq_len, f32), freqs);  // (T, dim/2)
-  return {at::cos(angles).to(device), at::sin(angles).to(device)};
+  return {at::polar(at::ones_like(angles), angles).to(device)};
 }
 
 double mla_softmax_scale(const DeepSeekV3Args& a) {

@@ -46,7 +46,7 @@ fi
 
 # The venv is needed even with a user LibTorch: the Python reference tests and the
 # tokenizer trainer use it.
-want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION"
+want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION"
 stamp="$venv/.titan-stamp"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   say "venv $venv: up to date ($want)"
