@@ -107,6 +107,9 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
                     "): multi-process training is not implemented in this version; run one "
                     "process");
   const DerivedConfig d = derive_config(cfg, launch.world_size);
+  if (cfg.compile.enable)
+    log_warn("compile.enable = true: CUDA-graph capture of the train step is not implemented "
+             "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg));
   if (cfg.job.print_args) log_info("\n" + dump_config_toml(cfg));
 
