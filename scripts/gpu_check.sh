@@ -41,8 +41,16 @@ timeout 120 ./build-gpu/titan-train --config configs/llama3_debug.toml --trainin
   --training.local_batch_size 16 --training.seq_len 1024 --metrics.log_freq 10 \
   --validation.enable false --job.dump_folder "$out/run" 2>&1 | grep -E "=>|step:|error" | tee "$out/train.log"
 
-step "benchmark: llama3 1B-class throughput is the real target; here the 8B layer shape is too big for 8 minutes, so debugmodel at seq 2048"
-timeout 120 ./build-gpu/titan-train --config configs/llama3_debug.toml --training.steps 30 \
+step "short training run: deepseek_v3 debugmodel, bf16, auto expert backend (grouped_mm on SM90)"
+timeout 120 ./build-gpu/titan-train --config configs/deepseek_v3_debug.toml --training.steps 30 \
+  --training.local_batch_size 8 --training.seq_len 512 --metrics.log_freq 10 \
+  --validation.enable false --job.dump_folder "$out/ds" 2>&1 | grep -E "=>|backend|step:|error" | tee "$out/ds.log"
+
+step "benchmark: one MoE layer, loop vs grouped_mm, forward+backward, bf16"
+TITAN_SKIP_BUILD=1 TITAN_BUILD_DIR=build-gpu timeout 90 bash scripts/bench_moe.sh 2>&1 | tail -15 | tee "$out/bench_moe.log"
+
+step "benchmark: llama3 debugmodel throughput at seq 2048 (tokens/s, MFU)"
+timeout 90 ./build-gpu/titan-train --config configs/llama3_debug.toml --training.steps 30 \
   --training.local_batch_size 8 --training.seq_len 2048 --metrics.log_freq 10 \
   --validation.enable false --job.dump_folder "$out/bench" 2>&1 | grep -E "step:" | tee "$out/bench.log"
 echo "total: $(( $(date +%s) - start ))s"
