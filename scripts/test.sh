@@ -6,5 +6,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${TITAN_CACHE:-$HOME/.cache/titan-train}"
 source "$cache/env.sh"
 export TITAN_CACHE TITAN_PYTHON
+# ctest runs two tests at once on these 2-core machines; one intra-op thread each avoids
+# OpenMP oversubscription, which otherwise slows the training tests several-fold.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 cd "${TITAN_BUILD_DIR:-$root/build}"
 ctest --output-on-failure --no-tests=error -j "${TITAN_TEST_JOBS:-2}" "$@"
