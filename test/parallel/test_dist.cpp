@@ -11,6 +11,8 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -128,35 +130,41 @@ TEST_CASE("DDP on 2 ranks matches 1 rank on the same global batch", "[dist][app]
 TEST_CASE("a dead or hung rank makes the others exit non-zero within the timeout",
           "[dist][app][slow]") {
   const int timeout_s = 10;
-  for (const int sig : {SIGKILL, SIGSTOP}) {
-    DYNAMIC_SECTION("signal " << sig) {
+  // Rank 1 killed, rank 1 stopped (a hang: its sockets stay open), and rank 0 killed (the
+  // rank that hosts the store).
+  const std::vector<std::pair<int, int>> cases = {{1, SIGKILL}, {1, SIGSTOP}, {0, SIGKILL}};
+  for (const auto& [victim, sig] : cases) {
+    DYNAMIC_SECTION("rank " << victim << " signal " << sig) {
       test::TempDir dir("ddpfail");
-      const int port = free_port(sig);
+      const int port = free_port(sig + 50 * victim);
       const std::string args =
           "--training.steps 100000 --training.local_batch_size 2 "
           "--comm.train_timeout_seconds " +
           std::to_string(timeout_s) + " --job.dump_folder " + dir.path.string();
-      Rank r0 = spawn_rank(0, 2, port, args, dir.path.string());
-      Rank r1 = spawn_rank(1, 2, port, args, dir.path.string());
+      Rank ranks[2] = {spawn_rank(0, 2, port, args, dir.path.string()),
+                       spawn_rank(1, 2, port, args, dir.path.string())};
+      const Rank& dead = ranks[victim];
+      const Rank& live = ranks[1 - victim];
       // Both ranks are training once rank 0 has logged a few steps.
       REQUIRE(wait_for([&] { return read_metrics(dir.file("metrics.jsonl")).size() >= 3; }, 300));
-      ::kill(r1.pid, sig);
+      ::kill(dead.pid, sig);
       const auto t0 = std::chrono::steady_clock::now();
-      const bool exited = wait_for([&] { return r0.done(); }, timeout_s + 30);
+      const bool exited = wait_for([&] { return live.done(); }, timeout_s + 30);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (sig == SIGSTOP) {
-        ::kill(r1.pid, SIGKILL);
-        ::kill(r1.pid, SIGCONT);
+        ::kill(dead.pid, SIGKILL);
+        ::kill(dead.pid, SIGCONT);
       }
-      if (!exited) ::kill(r0.pid, SIGKILL);
-      INFO(test::read_file(r0.log));
+      if (!exited) ::kill(live.pid, SIGKILL);
+      INFO(test::read_file(live.log));
       REQUIRE(exited);
-      CHECK(r0.rc() != 0);
+      CHECK(live.rc() != 0);
       CHECK(secs < timeout_s + 15);  // the timeout plus the step in flight
-      WARN("signal " << sig << " to rank 1: rank 0 exited " << r0.rc() << " after " << secs
-                     << " s");
-      wait_for([&] { return r1.done(); }, 30);
+      CHECK_THAT(test::read_file(live.log), Contains("failed"));
+      WARN("signal " << sig << " to rank " << victim << ": rank " << 1 - victim << " exited "
+                     << live.rc() << " after " << secs << " s");
+      wait_for([&] { return dead.done(); }, 30);
     }
   }
 }
@@ -189,4 +197,48 @@ TEST_CASE("parallel degrees whose product is not the world size exit 2 under tor
   CHECK(r.rc != 0);  // torchrun reports a failed worker as 1; the worker's own status is 2
   CHECK_THAT(r.out, Contains("but the world size is 2"));
   CHECK_THAT(r.out, Contains("exitcode  : 2"));
+}
+
+TEST_CASE("a 2-rank checkpoint resumes on 2 ranks and on 1 rank", "[dist][app][slow]") {
+  // Run A saves step 5 and trains on to 10. Resuming A's step-5 checkpoint must reproduce
+  // steps 6..10: exactly on 2 ranks, and on 1 rank with the same global batch (the saved
+  // loader position, recorded at dp = 2, is rescaled to dp = 1).
+  test::TempDir a("ddpckA"), b("ddpckB"), c("ddpckC");
+  const std::string common = kSmall +
+                             "--training.steps 10 --checkpoint.enable true "
+                             "--checkpoint.interval 5 --checkpoint.keep_latest_k 0 ";
+  auto ddp = [&](const std::string& dump) {
+    return test::run("cd " + test::source_dir() + " && " + torchrun() +
+                     " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " +
+                     common + "--training.local_batch_size 2 --job.dump_folder " + dump);
+  };
+  auto ra = ddp(a.path.string());
+  INFO(ra.out);
+  REQUIRE(ra.rc == 0);
+  REQUIRE(fs::exists(a.file("checkpoint/step-5/rank-00000.safetensors")));
+  CHECK_FALSE(fs::exists(a.file("checkpoint/step-5/rank-00001.safetensors")));
+  for (auto* d : {&b, &c}) {
+    fs::create_directories(d->file("checkpoint"));
+    fs::copy(a.file("checkpoint/step-5"), d->file("checkpoint/step-5"),
+             fs::copy_options::recursive);
+  }
+  auto rb = ddp(b.path.string());
+  INFO(rb.out);
+  REQUIRE(rb.rc == 0);
+  auto rc = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
+                      test::binary() + " " + common +
+                      "--training.local_batch_size 4 --job.dump_folder " + c.path.string());
+  INFO(rc.out);
+  REQUIRE(rc.rc == 0);
+  auto ma = read_metrics(a.file("metrics.jsonl"));
+  auto mb = read_metrics(b.file("metrics.jsonl"));
+  auto mc = read_metrics(c.file("metrics.jsonl"));
+  for (int64_t step = 6; step <= 10; ++step) {
+    INFO("step " << step);
+    REQUIRE(mb.count(step));
+    REQUIRE(mc.count(step));
+    CHECK(mb[step].loss == ma[step].loss);
+    CHECK(std::abs(mc[step].loss - ma[step].loss) / ma[step].loss < 1e-5);
+  }
+  CHECK_FALSE(mb.count(5));  // resumed after step 5
 }
