@@ -93,8 +93,8 @@ int preemption_signal() {
   return g_signal.load();
 }
 
-Checkpointer::Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size)
-    : cfg_(cfg), rank_(rank), world_(world_size) {
+Checkpointer::Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size, int64_t dp_size)
+    : cfg_(cfg), rank_(rank), world_(world_size), dp_(dp_size > 0 ? dp_size : world_size) {
   root_ = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
 }
 
@@ -148,7 +148,7 @@ Checkpointer::Snapshot Checkpointer::snapshot(const TrainingState& st, bool mode
     s.tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
     ts["lr_step_offset"] = st.lr_step_offset;
     auto ls = st.loader->state();
-    ts["dataloader"] = {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"dp", world_}};
+    ts["dataloader"] = {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"dp", dp_}};
   }
   ts["config"] = dump_config_toml(cfg_);
   s.train_state_json = ts.dump(1);
@@ -321,7 +321,7 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
     ls.epoch = ts["dataloader"]["epoch"].get<int64_t>();
     const int64_t old_dp = ts["dataloader"]["dp"].get<int64_t>();
     // Ranks consume windows in lockstep, so the global position is cursor * dp.
-    ls.cursor = ts["dataloader"]["cursor"].get<int64_t>() * old_dp / world_;
+    ls.cursor = ts["dataloader"]["cursor"].get<int64_t>() * old_dp / dp_;
     st.loader->load_state(ls);
   }
 }

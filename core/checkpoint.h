@@ -39,7 +39,9 @@ struct TrainingState {
 
 class Checkpointer {
  public:
-  Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size);
+  // dp_size: the data-parallel degree the loader position refers to (0: world_size). A
+  // replicated run saves one copy (rank 0 of world 1) of a loader that runs at dp ranks.
+  Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size, int64_t dp_size = 0);
   ~Checkpointer();
 
   const std::string& root() const { return root_; }
@@ -69,7 +71,7 @@ class Checkpointer {
   void prune();
 
   JobConfig cfg_;
-  int64_t rank_, world_;
+  int64_t rank_, world_, dp_;
   std::string root_;
   std::thread writer_;
   std::exception_ptr writer_error_;

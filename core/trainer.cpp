@@ -17,6 +17,8 @@
 #include "core/tokenizer.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "parallel/ddp.h"
+#include "parallel/process_group.h"
 
 namespace titan {
 namespace {
@@ -70,7 +72,8 @@ at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                      double global_tokens, double lr, double max_norm, bool time_phases) {
+                      double global_tokens, double lr, double max_norm, bool time_phases,
+                      GradSync* grad_sync) {
   const auto t0 = Clock::now();
   at::Tensor total;
   for (const auto& mb : micro) {
@@ -87,7 +90,12 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   r.fwdbwd_ms = ms_since(t0);
   const auto t1 = Clock::now();
   auto params = model.params().tensors();
-  at::Tensor norm = at::sqrt(grad_norm_sq(params));
+  if (grad_sync) grad_sync->reduce_gradients(params);
+  at::Tensor norm_sq = grad_norm_sq(params);
+  // After the gradient all-reduce every rank holds the same full gradient, so the local norm
+  // already is the global one under pure replication; the hook exists for sharded layouts.
+  if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
+  at::Tensor norm = at::sqrt(norm_sq);
   clip_grad_norm(params, max_norm, norm);
   opt.step(lr);
   opt.zero_grad();
@@ -102,19 +110,29 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
 int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   const auto t_exec = Clock::now();
   install_preemption_handlers();
-  if (launch.world_size > 1)
-    throw UserError("world size " + std::to_string(launch.world_size) + " (" + launch.source +
-                    "): multi-process training is not implemented in this version; run one "
-                    "process");
   const DerivedConfig d = derive_config(cfg, launch.world_size);
   if (cfg.compile.enable)
-    log_warn("compile.enable = true: CUDA-graph capture of the train step is not implemented "
-             "yet; training runs eagerly");
+    log_warn(
+        "compile.enable = true: CUDA-graph capture of the train step is not implemented "
+        "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg));
   if (cfg.job.print_args) log_info("\n" + dump_config_toml(cfg));
+  const bool cuda = at::hasCUDA();
+
+  // ---- process group ------------------------------------------------------------------------
+  // Every dp layout runs as pure replication for now (each rank holds the whole model);
+  // FSDP sharding and expert parallelism are not implemented (docs/distributed.md).
+  std::unique_ptr<ProcessGroup> pg;
+  if (launch.world_size > 1) {
+    if (cfg.parallelism.expert_parallel_degree > 1)
+      throw UserError("parallelism.expert_parallel_degree = " +
+                      std::to_string(cfg.parallelism.expert_parallel_degree) +
+                      ": expert parallelism is not implemented in this version; allowed: 1");
+    pg = std::make_unique<ProcessGroup>(launch, cfg.comm, cuda);
+    pg->check_same_config(config_hash(cfg));
+  }
 
   // ---- device and determinism -------------------------------------------------------------
-  const bool cuda = at::hasCUDA();
   at::Device device = cuda ? at::Device(at::kCUDA, static_cast<int>(launch.local_rank)) : at::kCPU;
   if (cfg.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, false);
@@ -152,7 +170,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
                                     tokenizer->eos_id())
                          .train;
   }
-  const int64_t dp_rank = 0;
+  // Pure replication: the dp rank is the global rank (validate_config: dp degree = world).
+  const int64_t dp_rank = launch.rank;
   PackedLoader loader(&splits.train, cfg.training.seq_len, cfg.training.local_batch_size, dp_rank,
                       d.dp_degree, static_cast<uint64_t>(cfg.debug.seed), /*shuffle=*/true);
 
@@ -168,6 +187,13 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   for (auto& p : model->params().all()) decay.push_back(p.weight_decay);
   AdamW opt(model->params().tensors(), decay, cfg.optimizer);
   LRSchedule sched(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
+  std::unique_ptr<DataParallel> ddp;
+  if (pg) {
+    ddp = std::make_unique<DataParallel>(*pg, model->params().tensors());
+    // MoE load counts are summed over the replicas so every rank updates its expert biases
+    // identically.
+    model->set_dp_allreduce([p = pg.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Sum); });
+  }
 
   const int64_t flops_per_token = info.flops_per_token(cfg.training.seq_len);
   std::string dev_name = "CPU";
@@ -189,8 +215,10 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
            human(static_cast<int64_t>(splits.train.size())) + " training tokens, " +
            human(static_cast<int64_t>(splits.heldout.size())) + " held-out tokens, " +
            std::to_string(loader.windows_per_rank()) + " windows per rank");
-  log_info("=> world_size = " + std::to_string(launch.world_size) + " (" + launch.source +
-           "), dp = " + std::to_string(d.dp_degree));
+  log_info(
+      "=> world_size = " + std::to_string(launch.world_size) + " (" + launch.source +
+      "), dp = " + std::to_string(d.dp_degree) +
+      (ddp ? " (replicated, " + std::to_string(ddp->num_buckets()) + " gradient buckets)" : ""));
   log_info("=> global_batch_size = " + std::to_string(d.global_batch) +
            ", grad_accum_steps = " + std::to_string(d.grad_accum_steps) +
            ", tokens_per_step = " + std::to_string(d.tokens_per_step));
@@ -217,12 +245,22 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       sum += token_loss_sum(logits, b.labels.to(device)).to(at::kDouble);
       tokens += b.labels.numel();
     }
+    if (pg) {  // each rank scored its own windows
+      at::Tensor tk = at::full({}, static_cast<double>(tokens), sum.options());
+      pg->allreduce(sum);
+      pg->allreduce(tk);
+      tokens = static_cast<int64_t>(tk.item<double>());
+    }
     double loss = sum.item<double>() / static_cast<double>(tokens);  // validation's sync
     metrics.log_validation(step, loss, std::exp(loss), tokens);
   };
 
   // ---- resume ----------------------------------------------------------------------------------
-  Checkpointer ckpt(cfg, launch.rank, launch.world_size);
+  // Replicas hold identical state (loaders too: same position, different windows), so a
+  // replicated run saves one rank's copy, written by rank 0, and every rank loads it. The
+  // loader position is recorded at the real dp degree, so a resume on another world size
+  // rescales it.
+  Checkpointer ckpt(cfg, 0, 1, d.dp_degree);
   TrainingState state{model.get(), &opt, &loader, 0, 0};
   auto* llama = dynamic_cast<Llama3*>(model.get());
   const auto& cc = cfg.checkpoint;
@@ -239,6 +277,16 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     std::string what = ckpt.load(state);
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt.root() + ", starting fresh" : what));
+  }
+  auto save = [&](bool model_only) {
+    if (launch.rank == 0) ckpt.save(state, model_only);
+    // The others wait until rank 0 has taken its snapshot; an async write then continues in
+    // rank 0's background while everyone trains.
+    if (pg) pg->barrier();
+  };
+  if (pg) {
+    ddp->broadcast_state(*model);
+    pg->start_training();
   }
 
   // ---- the loop --------------------------------------------------------------------------------
@@ -258,8 +306,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     }
     data_ms += ms_since(t0);
     const double lr = sched.lr(step - state.lr_step_offset);
-    StepResult r =
-        train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm, log_step);
+    StepResult r = train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm,
+                              log_step, ddp.get());
     fwdbwd_ms += r.fwdbwd_ms;
     opt_ms += r.opt_ms;
     tokens_since_log += cfg.training.local_batch_size * d.grad_accum_steps * cfg.training.seq_len;
@@ -274,8 +322,18 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     if (log_step) {
       StepMetrics m;
       m.step = step;
-      m.loss = r.loss.item<double>();  // the log step's sync
-      m.loss_max = m.loss;
+      if (pg) {
+        // r.loss is this rank's share of the global mean; dp x that is the rank's own mean.
+        at::Tensor mean = r.loss.to(at::kDouble);
+        at::Tensor rank_max = mean * static_cast<double>(d.dp_degree);
+        pg->allreduce(mean, ReduceOp::Sum);
+        pg->allreduce(rank_max, ReduceOp::Max);
+        m.loss = mean.item<double>();
+        m.loss_max = rank_max.item<double>();
+      } else {
+        m.loss = r.loss.item<double>();  // the log step's sync
+        m.loss_max = m.loss;
+      }
       m.grad_norm = r.grad_norm.item<double>();
       m.lr = lr;
       const double secs = std::chrono::duration<double>(Clock::now() - t_last_log).count();
@@ -308,30 +366,41 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     }
     if (cfg.validation.enable && step % cfg.validation.freq == 0) validate(step);
     state.step = step;
-    if (int sig = preemption_signal()) {
+    int sig = preemption_signal();
+    if (pg) {
+      // Ranks see a signal after different steps; agreeing on it keeps them in lockstep (one
+      // leaving alone would make the others fail in the next collective). One 4-byte
+      // all-reduce per step.
+      at::Tensor s = at::full({}, sig, at::TensorOptions().dtype(at::kInt).device(device));
+      pg->allreduce(s, ReduceOp::Max);
+      sig = s.item<int>();
+    }
+    if (sig) {
       log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) + ") after step " +
                std::to_string(step) +
                (cfg.checkpoint.enable ? ": saving and exiting"
                                       : ": checkpointing is disabled, exiting without saving"));
       if (cfg.checkpoint.enable) {
-        ckpt.save(state, /*model_only=*/false);
+        save(/*model_only=*/false);
         ckpt.wait();
       }
       return 0;
     }
     if (cfg.checkpoint.enable && step % cfg.checkpoint.interval == 0 && step != cfg.training.steps)
-      ckpt.save(state, /*model_only=*/false);
+      save(/*model_only=*/false);
   }
   if (cfg.checkpoint.enable && state.step == cfg.training.steps)
-    ckpt.save(state, cfg.checkpoint.last_save_model_only);
+    save(cfg.checkpoint.last_save_model_only);
   ckpt.wait();
-  if (cc.enable && cc.last_save_in_hf && llama) {
+  if (cc.enable && cc.last_save_in_hf && llama && launch.rank == 0) {
     const std::string dir = ckpt.root() + "/step-" + std::to_string(state.step) + "-hf";
     HfExportOptions o;
     o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
     if (!std::filesystem::exists(dir)) export_llama3_hf(*llama, dir, o);
     log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
   }
+  // Rank 0 hosts the store: nobody leaves while a peer may still be in a collective.
+  if (pg) pg->barrier();
   log_info("training done: " + std::to_string(cfg.training.steps) + " steps");
   return 0;
 }

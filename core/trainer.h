@@ -31,8 +31,20 @@ struct StepResult {
 // the loss normalized by `global_tokens`, clipping to max_norm, AdamW at `lr`, then the
 // model's own post-step update (MoE expert bias). Nothing here reads device values unless
 // time_phases asks for a synchronization between the phases (log steps on CUDA).
+// Data-parallel reduction hooks of train_step. A single process passes none, so its step
+// runs no collective at all.
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // After the last backward: makes every rank's gradients the sum over the ranks.
+  virtual void reduce_gradients(const std::vector<at::Tensor>& params) = 0;
+  // Sums the local squared gradient norm (0-d fp32) over the ranks, in place.
+  virtual void reduce_norm_sq(at::Tensor& norm_sq) = 0;
+};
+
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                      double global_tokens, double lr, double max_norm, bool time_phases = false);
+                      double global_tokens, double lr, double max_norm, bool time_phases = false,
+                      GradSync* sync = nullptr);
 
 // Builds everything from the config and trains. Returns the process exit status.
 int run_training(const JobConfig& cfg, const LaunchEnv& launch);
