@@ -250,7 +250,8 @@ std::vector<Option> build_registry() {
                   "With mode=selective: recompute every Nth block (a positive integer)"));
   // [compile]
   d.push_back(def("compile", "enable", &J::compile, &CompileSection::enable, false,
-                  "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true runs eagerly with a warning")
+                  "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true "
+                  "runs eagerly with a warning")
                   .alias("training.compile"));
   d.push_back(def("compile", "components", &J::compile, &CompileSection::components,
                   Strings{"model", "loss"}, "What to capture")
