@@ -187,42 +187,32 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
 }
 
 void DeepSeekV3::init_weights(uint64_t seed) {
-  at::NoGradGuard ng;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto init = [&](int64_t i, auto&& fill) {
-    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
-    fill(cpu);
-    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
-  };
-  auto trunc = [&](double std, double a, double b) {
-    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
-  };
-  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
-  init(tok_emb_, [&gen](at::Tensor& t) { t.normal_(0.0, 1.0, gen); });
+  ParamInit init(params_, seed);
+  init.normal(tok_emb_, 1.0);
   for (int64_t l = 0; l < args_.n_layers; ++l) {
     // torchtitan's DeepSeek blocks always use depth init.
     const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(l + 1));
     const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init(L.w[0], ones);  // attention_norm
+    init.ones(L.w[0]);  // attention_norm
     for (int64_t j = 1; j < L.n_attn; ++j) {
       const int64_t i = L.w[static_cast<size_t>(j)];
       if (params_[i].value.dim() == 1)
-        init(i, ones);  // q_norm, kv_norm
+        init.ones(i);  // q_norm, kv_norm
       else
-        init(i, trunc(0.02, -2, 2));  // wq / wq_a, wq_b, wkv_a, wkv_b
+        init.trunc_normal(i, 0.02);  // wq / wq_a, wq_b, wkv_a, wkv_b
     }
-    init(L.w[static_cast<size_t>(L.n_attn)], trunc(out_std, -2, 2));  // wo
-    init(L.w[static_cast<size_t>(L.n_attn) + 1], ones);               // ffn_norm
+    init.trunc_normal(L.w[static_cast<size_t>(L.n_attn)], out_std);  // wo
+    init.ones(L.w[static_cast<size_t>(L.n_attn) + 1]);               // ffn_norm
     if (MoELayer* m = moe_layer(l)) {
-      m->init_weights(params_, gen, out_std);
+      m->init_weights(params_, init.generator(), out_std);
     } else {
-      init(L.ffn_w1, trunc(0.02, -2, 2));
-      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init(i, trunc(out_std, -2, 2));
+      init.trunc_normal(L.ffn_w1, 0.02);
+      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init.trunc_normal(i, out_std);
     }
   }
-  init(norm_, ones);
+  init.ones(norm_);
   const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  init(output_, trunc(std, -3 * std, 3 * std));
+  init.trunc_normal(output_, std, -3 * std, 3 * std);
 }
 
 at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {

@@ -105,37 +105,24 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
 }
 
 void Llama3::init_weights(uint64_t seed) {
-  at::NoGradGuard ng;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto init = [&](int64_t i, auto&& fill) {
-    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
-    fill(cpu);
-    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
-  };
-  auto normal = [&](double std) {
-    return [&gen, std](at::Tensor& t) { t.normal_(0.0, std, gen); };
-  };
-  auto trunc = [&](double std, double a, double b) {
-    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
-  };
-  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
-  init(tok_emb_, normal(1.0));
+  ParamInit init(params_, seed);
+  init.normal(tok_emb_, 1.0);
   for (int64_t l = 0; l < args_.n_layers; ++l) {
     const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
                                           : 2.0 * static_cast<double>(args_.n_layers);
     const double out_std = 0.02 / std::sqrt(depth);
     const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init(L.attn_norm, ones);
-    init(L.ffn_norm, ones);
-    for (int64_t i : {L.wq, L.wk, L.wv}) init(i, trunc(0.02, -2, 2));
-    init(L.wo, trunc(out_std, -2, 2));
-    init(L.w1, trunc(0.02, -2, 2));
-    for (int64_t i : {L.w2, L.w3}) init(i, trunc(out_std, -2, 2));
+    init.ones(L.attn_norm);
+    init.ones(L.ffn_norm);
+    for (int64_t i : {L.wq, L.wk, L.wv}) init.trunc_normal(i, 0.02);
+    init.trunc_normal(L.wo, out_std);
+    init.trunc_normal(L.w1, 0.02);
+    for (int64_t i : {L.w2, L.w3}) init.trunc_normal(i, out_std);
   }
-  init(norm_, ones);
+  init.ones(norm_);
   if (output_ >= 0) {
     const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-    init(output_, trunc(std, -3 * std, 3 * std));
+    init.trunc_normal(output_, std, -3 * std, 3 * std);
   }
 }
 

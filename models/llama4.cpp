@@ -131,37 +131,27 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
 }
 
 void Llama4::init_weights(uint64_t seed) {
-  at::NoGradGuard ng;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto init = [&](int64_t i, auto&& fill) {
-    at::Tensor cpu = at::empty(params_[i].value.sizes(), at::kFloat);
-    fill(cpu);
-    params_.all()[static_cast<size_t>(i)].value.copy_(cpu);
-  };
-  auto trunc = [&](double std, double a, double b) {
-    return [&gen, std, a, b](at::Tensor& t) { trunc_normal_(t, 0.0, std, a, b, gen); };
-  };
-  auto ones = [](at::Tensor& t) { t.fill_(1.0); };
-  init(tok_emb_, [&gen](at::Tensor& t) { t.normal_(0.0, 1.0, gen); });
+  ParamInit init(params_, seed);
+  init.normal(tok_emb_, 1.0);
   for (int64_t l = 0; l < args_.n_layers; ++l) {
     const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
                                           : 2.0 * static_cast<double>(args_.n_layers);
     const double out_std = 0.02 / std::sqrt(depth);
     const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init(L.w[0], ones);
-    init(L.w[5], ones);
-    for (size_t i = 1; i <= 3; ++i) init(L.w[i], trunc(0.02, -2, 2));
-    init(L.w[4], trunc(out_std, -2, 2));
+    init.ones(L.w[0]);
+    init.ones(L.w[5]);
+    for (size_t i = 1; i <= 3; ++i) init.trunc_normal(L.w[i], 0.02);
+    init.trunc_normal(L.w[4], out_std);
     if (MoELayer* m = moe_layer(l)) {
-      m->init_weights(params_, gen, out_std);
+      m->init_weights(params_, init.generator(), out_std);
     } else {
-      init(L.ffn_w1, trunc(0.02, -2, 2));
-      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init(i, trunc(out_std, -2, 2));
+      init.trunc_normal(L.ffn_w1, 0.02);
+      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init.trunc_normal(i, out_std);
     }
   }
-  init(norm_, ones);
+  init.ones(norm_);
   const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  init(output_, trunc(std, -3 * std, 3 * std));
+  init.trunc_normal(output_, std, -3 * std, 3 * std);
 }
 
 at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {

@@ -2,6 +2,7 @@
 
 #include "core/errors.h"
 #include "models/deepseek_v3.h"
+#include "models/layers.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
 
@@ -29,6 +30,28 @@ std::vector<at::Tensor> ParamStore::tensors() const {
   std::vector<at::Tensor> t;
   for (auto& p : params_) t.push_back(p.value);
   return t;
+}
+
+ParamInit::ParamInit(ParamStore& store, uint64_t seed)
+    : store_(store), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+void ParamInit::normal(int64_t i, double std) {
+  at::NoGradGuard ng;
+  at::Tensor cpu = at::empty(store_[i].value.sizes(), at::kFloat);
+  cpu.normal_(0.0, std, gen_);
+  store_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+}
+
+void ParamInit::trunc_normal(int64_t i, double std, double a, double b) {
+  at::NoGradGuard ng;
+  at::Tensor cpu = at::empty(store_[i].value.sizes(), at::kFloat);
+  trunc_normal_(cpu, 0.0, std, a, b, gen_);
+  store_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+}
+
+void ParamInit::ones(int64_t i) {
+  at::NoGradGuard ng;
+  store_.all()[static_cast<size_t>(i)].value.fill_(1.0);
 }
 
 at::Tensor Model::weight(int64_t i) const {

@@ -40,6 +40,22 @@ class ParamStore {
   std::vector<Param> params_;
 };
 
+// Seeded initialization: values are drawn on one CPU generator in call order, so every
+// device and rank gets the same parameters, then copied into the store.
+class ParamInit {
+ public:
+  ParamInit(ParamStore& store, uint64_t seed);
+  void normal(int64_t i, double std);
+  // N(0, std) truncated to [a, b] (absolute bounds, as torch.nn.init.trunc_normal_).
+  void trunc_normal(int64_t i, double std, double a = -2.0, double b = 2.0);
+  void ones(int64_t i);
+  at::Generator& generator() { return gen_; }
+
+ private:
+  ParamStore& store_;
+  at::Generator gen_;
+};
+
 // How a full weight is materialized for compute. The default returns the parameter, cast
 // to the compute dtype when that differs (the cast is recorded by autograd, so gradients
 // reach the fp32 master copy).
