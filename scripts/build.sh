@@ -8,8 +8,6 @@ cache="${TITAN_CACHE:-$HOME/.cache/titan-train}"
 source "$cache/env.sh"
 build="${TITAN_BUILD_DIR:-$root/build}"
 export CCACHE_DIR="${CCACHE_DIR:-$cache/ccache}"
-# Hash paths relative to the checkout so a fresh clone in another folder (CI) hits the cache.
-export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 # The PCH makes ccache's default sloppiness miss; these are the documented settings for it.
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
