@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "models/flavor_table.h"
 
 namespace titan {
 
@@ -109,14 +110,7 @@ std::vector<std::string> deepseek_v3_flavor_names() {
 }
 
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
-  auto it = flavors().find(flavor);
-  if (it == flavors().end()) {
-    std::string allowed;
-    for (auto& n : deepseek_v3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor +
-                    "\" is not a deepseek_v3 flavor; allowed: " + allowed);
-  }
-  return it->second;
+  return find_flavor(flavors(), deepseek_v3_flavor_names(), "deepseek_v3", flavor);
 }
 
 DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {

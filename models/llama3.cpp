@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "models/flavor_table.h"
 
 namespace titan {
 
@@ -53,14 +54,7 @@ std::vector<std::string> llama3_flavor_names() {
 }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
-  auto it = flavors().find(flavor);
-  if (it == flavors().end()) {
-    std::string allowed;
-    for (auto& n : llama3_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor +
-                    "\" is not a llama3 flavor; allowed: " + allowed);
-  }
-  return it->second;
+  return find_flavor(flavors(), llama3_flavor_names(), "llama3", flavor);
 }
 
 Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "models/flavor_table.h"
 #include "models/llama3.h"
 
 namespace titan {
@@ -63,14 +64,7 @@ std::vector<std::string> llama4_flavor_names() {
 }
 
 Llama4Args llama4_flavor(const std::string& flavor) {
-  auto it = flavors().find(flavor);
-  if (it == flavors().end()) {
-    std::string allowed;
-    for (auto& n : llama4_flavor_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-    throw UserError("model.flavor = \"" + flavor +
-                    "\" is not a llama4 flavor; allowed: " + allowed);
-  }
-  return it->second;
+  return find_flavor(flavors(), llama4_flavor_names(), "llama4", flavor);
 }
 
 Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
