@@ -94,7 +94,16 @@ int preemption_signal() {
 }
 
 Checkpointer::Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size, int64_t dp_size)
-    : cfg_(cfg), rank_(rank), world_(world_size), dp_(dp_size > 0 ? dp_size : world_size) {
+    : Checkpointer(cfg, CheckpointGroup{rank, true, 1, std::to_string(::getpid()), {}, {}},
+                   world_size, dp_size) {}
+
+Checkpointer::Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t world_size,
+                           int64_t dp_size)
+    : cfg_(cfg),
+      group_(std::move(group)),
+      rank_(group_.rank),
+      world_(world_size),
+      dp_(dp_size > 0 ? dp_size : world_size) {
   root_ = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
 }
 
@@ -123,29 +132,34 @@ Checkpointer::Snapshot Checkpointer::snapshot(const TrainingState& st, bool mode
   at::NoGradGuard ng;
   Snapshot s;
   s.step = st.step;
+  const bool rank0 = rank_ == 0;
   auto cpu_copy = [](const at::Tensor& t) {
     return t.detach().to(at::kCPU, false, true).contiguous();
   };
-  for (auto& p : st.model->params().all())
-    s.tensors.emplace_back("model/" + p.name, cpu_copy(p.value));
-  for (auto& [name, t] : st.model->buffers())
-    s.tensors.emplace_back("buffers/" + name, cpu_copy(t));
+  // A parameter's value or optimizer state: its valid rows when sharded.
+  auto add_param_like = [&](const std::string& key, const Param& p, const at::Tensor& t) {
+    if (p.sharded() ? !group_.writes : !rank0) return;
+    s.entries.push_back({key, cpu_copy(p.valid(t)), p.full_shape(), p.dim0_offset});
+  };
+  auto add_replicated = [&](const std::string& key, const at::Tensor& t) {
+    if (rank0) s.entries.push_back({key, cpu_copy(t), t.sizes().vec(), 0});
+  };
+  const auto& params = st.model->params().all();
+  for (auto& p : params) add_param_like("model/" + p.name, p, p.value);
+  for (auto& [name, t] : st.model->buffers()) add_replicated("buffers/" + name, t);
   json ts;
   ts["format"] = 1;
   ts["step"] = st.step;
   ts["model_only"] = model_only;
   ts["world_size"] = world_;
   if (!model_only) {
-    const auto& params = st.model->params().all();
     for (size_t i = 0; i < params.size(); ++i) {
-      s.tensors.emplace_back("optimizer/exp_avg/" + params[i].name,
-                             cpu_copy(st.optimizer->exp_avg()[i]));
-      s.tensors.emplace_back("optimizer/exp_avg_sq/" + params[i].name,
-                             cpu_copy(st.optimizer->exp_avg_sq()[i]));
-      s.tensors.emplace_back("optimizer/step/" + params[i].name,
-                             cpu_copy(st.optimizer->steps()[i]));
+      add_param_like("optimizer/exp_avg/" + params[i].name, params[i], st.optimizer->exp_avg()[i]);
+      add_param_like("optimizer/exp_avg_sq/" + params[i].name, params[i],
+                     st.optimizer->exp_avg_sq()[i]);
+      add_replicated("optimizer/step/" + params[i].name, st.optimizer->steps()[i]);
     }
-    s.tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+    add_replicated("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
     ts["lr_step_offset"] = st.lr_step_offset;
     auto ls = st.loader->state();
     ts["dataloader"] = {{"epoch", ls.epoch}, {"cursor", ls.cursor}, {"dp", dp_}};
@@ -158,44 +172,97 @@ Checkpointer::Snapshot Checkpointer::snapshot(const TrainingState& st, bool mode
 void Checkpointer::write(const Snapshot& s) {
   const fs::path final_dir = fs::path(root_) / ("step-" + std::to_string(s.step));
   const fs::path tmp =
-      fs::path(root_) / ("step-" + std::to_string(s.step) + ".tmp-" + std::to_string(::getpid()));
+      fs::path(root_) / ("step-" + std::to_string(s.step) + ".tmp-" + group_.token);
+  const std::string key = "checkpoint/step-" + std::to_string(s.step);
   std::error_code ec;
   if (fs::exists(final_dir, ec)) return;  // this step is already saved and complete
-  try {
-    fs::create_directories(tmp);
-    save_safetensors((tmp / rank_file(rank_)).string(), s.tensors,
-                     {{"format", "titan-train checkpoint 1"}});
-    json meta;
-    meta["format"] = 1;
-    meta["world_size"] = world_;
-    json& tensors = meta["tensors"];
-    for (auto& [name, t] : s.tensors) {
-      json e;
-      e["shape"] = t.sizes().vec();
-      e["dtype"] = std::string(c10::toString(t.scalar_type()));
-      const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-      e["shards"] = json::array(
-          {{{"file", rank_file(rank_)}, {"key", name}, {"dim0_offset", 0}, {"dim0_rows", rows}}});
-      tensors[name] = e;
-    }
-    write_small_file(tmp / "metadata.json", meta.dump(1));
-    write_small_file(tmp / "train_state.json", s.train_state_json);
-    if (const char* d = std::getenv("TITAN_TEST_CHECKPOINT_DELAY_MS"))  // tests: a slow disk
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
-    fsync_dir(tmp);
-    fs::rename(tmp, final_dir);
-    fsync_dir(root_);
-  } catch (const std::exception& e) {
-    fs::remove_all(tmp, ec);
+  auto fail = [&](const std::string& why) {
+    if (group_.counter) group_.counter(key + "/failed", 1);
+    if (rank_ == 0) fs::remove_all(tmp, ec);
     auto prev = complete_steps(root_);
     std::string kept =
         prev.empty() ? "there is no earlier checkpoint"
                      : "the previous checkpoint step-" + std::to_string(prev.back()) + " is kept";
     throw UserError("checkpoint save of step " + std::to_string(s.step) + " to '" + tmp.string() +
-                    "' failed: " + e.what() + "; " + kept);
+                    "' failed" + (world_ > 1 ? " on rank " + std::to_string(rank_) : "") + ": " +
+                    why + "; " + kept);
+  };
+  try {
+    if (!s.entries.empty()) {
+      fs::create_directories(tmp);
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      json part = json::object();
+      for (auto& e : s.entries) {
+        tensors.emplace_back(e.key, e.t);
+        part[e.key] = {{"shape", e.global_shape},
+                       {"dtype", std::string(c10::toString(e.t.scalar_type()))},
+                       {"dim0_offset", e.dim0_offset},
+                       {"dim0_rows", e.t.dim() == 0 ? 1 : e.t.size(0)}};
+      }
+      save_safetensors((tmp / rank_file(rank_)).string(), tensors,
+                       {{"format", "titan-train checkpoint 1"}});
+      write_small_file(tmp / (rank_file(rank_) + ".json"), part.dump());
+    }
+    if (group_.counter && group_.writes) group_.counter(key + "/written", 1);
+    if (rank_ == 0) finalize(tmp.string(), s);
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
-  log_info("checkpoint: saved step " + std::to_string(s.step) + " to " + final_dir.string());
-  prune();
+  if (rank_ == 0) {
+    log_info("checkpoint: saved step " + std::to_string(s.step) + " to " + final_dir.string());
+    prune();
+  }
+}
+
+void Checkpointer::finalize(const std::string& tmp_dir, const Snapshot& s) {
+  const fs::path tmp(tmp_dir);
+  const fs::path final_dir = fs::path(root_) / ("step-" + std::to_string(s.step));
+  const std::string key = "checkpoint/step-" + std::to_string(s.step);
+  if (group_.counter) {  // wait for every writer's file
+    const auto deadline = std::chrono::steady_clock::now() + group_.timeout;
+    while (group_.counter(key + "/written", 0) < group_.writers) {
+      if (group_.counter(key + "/failed", 0) > 0)
+        throw std::runtime_error("another rank failed to write its shards");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("timed out waiting for the other ranks' shards");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  // Merge the per-rank parts into metadata.json.
+  json meta;
+  meta["format"] = 1;
+  meta["world_size"] = world_;
+  json& tensors = meta["tensors"];
+  tensors = json::object();
+  std::vector<fs::path> parts;
+  for (auto& e : fs::directory_iterator(tmp))
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("rank-", 0) == 0)
+      parts.push_back(e.path());
+  std::sort(parts.begin(), parts.end());
+  for (auto& pp : parts) {
+    json part = read_json(pp);
+    const std::string file = pp.stem().string();  // rank-RRRRR.safetensors
+    for (auto& [name, e] : part.items()) {
+      json& t = tensors[name];
+      if (!t.contains("shape")) {
+        t["shape"] = e["shape"];
+        t["dtype"] = e["dtype"];
+        t["shards"] = json::array();
+      }
+      t["shards"].push_back({{"file", file},
+                             {"key", name},
+                             {"dim0_offset", e["dim0_offset"]},
+                             {"dim0_rows", e["dim0_rows"]}});
+    }
+  }
+  write_small_file(tmp / "metadata.json", meta.dump(1));
+  write_small_file(tmp / "train_state.json", s.train_state_json);
+  for (auto& pp : parts) fs::remove(pp);
+  if (const char* d = std::getenv("TITAN_TEST_CHECKPOINT_DELAY_MS"))  // tests: a slow disk
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+  fsync_dir(tmp);
+  fs::rename(tmp, final_dir);
+  fsync_dir(root_);
 }
 
 void Checkpointer::prune() {
@@ -252,25 +319,75 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
       it = files.emplace(name, SafetensorsFile::open((d / name).string())).first;
     return it->second;
   };
-  // Assembles a global tensor from its dim-0 shards.
-  auto fetch = [&](const std::string& key) -> std::optional<at::Tensor> {
+  // Rows [begin, begin + count) of a global tensor (count -1: all of them), assembled from
+  // the dim-0 shards that overlap them; nullopt when the checkpoint lacks the tensor. The
+  // checkpoint may have been saved by any number of ranks: this is where it is resharded.
+  auto fetch_rows =
+      [&](const std::string& key, int64_t begin,
+          int64_t count) -> std::optional<std::pair<at::Tensor, std::vector<int64_t>>> {
     if (!meta["tensors"].contains(key)) return std::nullopt;
     const json& e = meta["tensors"][key];
-    std::vector<std::pair<int64_t, at::Tensor>> parts;
-    for (auto& sh : e["shards"])
-      parts.emplace_back(sh["dim0_offset"].get<int64_t>(),
-                         file(sh["file"].get<std::string>()).get(sh["key"].get<std::string>()));
-    std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
-    at::Tensor t = parts.size() == 1 ? parts[0].second : [&] {
-      std::vector<at::Tensor> ts;
-      for (auto& p : parts) ts.push_back(p.second);
-      return at::cat(ts, 0);
-    }();
     auto shape = e["shape"].get<std::vector<int64_t>>();
-    if (t.sizes().vec() != shape)
-      throw UserError("checkpoint '" + dir + "': shards of " + key + " assemble to " +
-                      shape_str(t.sizes()) + " but metadata.json says " + shape_str(shape));
-    return t;
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    if (count < 0) count = rows - begin;
+    if (count == 0) {  // no rows of this tensor on this rank
+      std::vector<int64_t> empty_shape = shape;
+      empty_shape[0] = 0;
+      return std::make_pair(at::empty(empty_shape), shape);
+    }
+    std::vector<std::pair<int64_t, at::Tensor>> parts;
+    int64_t covered = 0;
+    for (auto& sh : e["shards"]) {
+      const int64_t off = sh["dim0_offset"].get<int64_t>(), n = sh["dim0_rows"].get<int64_t>();
+      const int64_t lo = std::max(off, begin), hi = std::min(off + n, begin + count);
+      if (lo >= hi) continue;
+      at::Tensor t = file(sh["file"].get<std::string>()).get(sh["key"].get<std::string>());
+      if ((t.dim() == 0 ? 1 : t.size(0)) != n)
+        throw UserError("checkpoint '" + dir + "': shard " + sh["key"].get<std::string>() + " in " +
+                        sh["file"].get<std::string>() + " has " +
+                        std::to_string(t.dim() == 0 ? 1 : t.size(0)) +
+                        " rows but metadata.json says " + std::to_string(n));
+      if (shape.empty()) return std::make_pair(t, shape);
+      parts.emplace_back(lo, t.narrow(0, lo - off, std::max<int64_t>(0, hi - lo)));
+      covered += std::max<int64_t>(0, hi - lo);
+    }
+    if (covered != count)
+      throw UserError("checkpoint '" + dir + "': the shards of " + key + " cover " +
+                      std::to_string(covered) + " of rows [" + std::to_string(begin) + ", " +
+                      std::to_string(begin + count) + ") (a missing or corrupt rank file?)");
+    std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    std::vector<at::Tensor> ts;
+    for (auto& p : parts) ts.push_back(p.second);
+    return std::make_pair(ts.size() == 1 ? ts[0] : at::cat(ts, 0), shape);
+  };
+  auto fetch = [&](const std::string& key) -> std::optional<at::Tensor> {
+    auto r = fetch_rows(key, 0, -1);
+    if (!r) return std::nullopt;
+    return r->first;
+  };
+  // Copies the checkpoint's rows for `p` (its shard, or all of it) into dst, which is laid
+  // out like p.value; padding rows are zeroed.
+  auto restore_param = [&](const std::string& key, const Param& p, at::Tensor& dst, bool required) {
+    const std::vector<int64_t> want = p.full_shape();
+    auto r = fetch_rows(key, p.dim0_offset, p.sharded() ? p.dim0_rows : -1);
+    if (!r) {
+      if (required)
+        throw UserError("checkpoint '" + dir + "': no tensor " + key +
+                        "; the model expects one of shape " + shape_str(want) +
+                        " (was it saved with another model config?)");
+      return false;
+    }
+    if (r->second != want)
+      throw UserError("checkpoint '" + dir + "': tensor " + key + " has shape " +
+                      shape_str(r->second) + " but the model expects " + shape_str(want) +
+                      " (a different model config?)");
+    if (p.sharded()) {
+      dst.zero_();
+      if (p.dim0_rows > 0) dst.narrow(0, 0, p.dim0_rows).copy_(r->first);
+    } else {
+      dst.copy_(r->first);
+    }
+    return true;
   };
   auto restore = [&](const std::string& key, at::Tensor& dst, bool required) {
     auto t = fetch(key);
@@ -298,15 +415,17 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
         throw UserError("checkpoint '" + dir + "': holds " + k + " of shape " +
                         shape_str(v["shape"].get<std::vector<int64_t>>()) +
                         ", which this model does not have (a different model config?)");
-    for (auto& p : params) restore("model/" + p.name, p.value, true);
+    for (auto& p : params) restore_param("model/" + p.name, p, p.value, true);
   }
   for (auto& [name, t] : st.model->buffers()) restore("buffers/" + name, t, false);
   const bool ckpt_model_only = ts.value("model_only", false);
   if (model_only || ckpt_model_only) return;
   if (!excluded("optimizer"))
     for (size_t i = 0; i < params.size(); ++i) {
-      restore("optimizer/exp_avg/" + params[i].name, st.optimizer->exp_avg()[i], true);
-      restore("optimizer/exp_avg_sq/" + params[i].name, st.optimizer->exp_avg_sq()[i], true);
+      restore_param("optimizer/exp_avg/" + params[i].name, params[i], st.optimizer->exp_avg()[i],
+                    true);
+      restore_param("optimizer/exp_avg_sq/" + params[i].name, params[i],
+                    st.optimizer->exp_avg_sq()[i], true);
       restore("optimizer/step/" + params[i].name, st.optimizer->steps()[i], true);
     }
   if (auto rng = fetch("rng/cpu")) {

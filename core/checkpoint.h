@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -37,11 +39,26 @@ struct TrainingState {
   int64_t lr_step_offset = 0;  // lr = schedule(step - offset); set when lr_scheduler is excluded
 };
 
+// How the ranks of a job share one save. A single process needs none of it (the default).
+// Sharded parameters (Param::sharded) are written by every rank with `writes`; everything
+// else (replicated values) by rank 0 only. Rank 0 merges the per-rank parts into
+// metadata.json and renames the folder once every writer has reported its file.
+struct CheckpointGroup {
+  int64_t rank = 0;
+  bool writes = true;   // this rank writes its shards (replicate index 0)
+  int64_t writers = 1;  // ranks that write
+  std::string token;    // the same on every rank: names the shared temp folder
+  // Counter in the job's store (ProcessGroup::store_add); unset for one process.
+  std::function<int64_t(const std::string& key, int64_t delta)> counter;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // waiting for the writers
+};
+
 class Checkpointer {
  public:
-  // dp_size: the data-parallel degree the loader position refers to (0: world_size). A
-  // replicated run saves one copy (rank 0 of world 1) of a loader that runs at dp ranks.
+  // dp_size: the data-parallel degree the loader position refers to (0: world_size); every
+  // rank's loader runs in lockstep, so one position (rank 0's) is saved.
   Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size, int64_t dp_size = 0);
+  Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t world_size, int64_t dp_size);
   ~Checkpointer();
 
   const std::string& root() const { return root_; }
@@ -59,9 +76,15 @@ class Checkpointer {
   static std::vector<int64_t> complete_steps(const std::string& root);
 
  private:
+  struct Entry {
+    std::string key;
+    at::Tensor t;                       // CPU copy of this rank's rows
+    std::vector<int64_t> global_shape;  // of the whole tensor
+    int64_t dim0_offset = 0;            // first global row in t
+  };
   struct Snapshot {
     int64_t step = 0;
-    std::vector<std::pair<std::string, at::Tensor>> tensors;  // CPU copies
+    std::vector<Entry> entries;  // what this rank writes
     std::string train_state_json;
   };
   Snapshot snapshot(const TrainingState& st, bool model_only) const;
@@ -70,7 +93,10 @@ class Checkpointer {
                    const std::vector<std::string>& exclude);
   void prune();
 
+  void finalize(const std::string& tmp, const Snapshot& s);  // rank 0: merge, rename
+
   JobConfig cfg_;
+  CheckpointGroup group_;
   int64_t rank_, world_, dp_;
   std::string root_;
   std::thread writer_;

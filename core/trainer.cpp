@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/checkpoint.h"
 #include "core/cuda_info.h"
 #include "core/data.h"
@@ -18,6 +20,8 @@
 #include "models/hf_interop.h"
 #include "models/llama3.h"
 #include "parallel/ddp.h"
+#include "parallel/fsdp.h"
+#include "parallel/mesh.h"
 #include "parallel/process_group.h"
 
 namespace titan {
@@ -119,18 +123,22 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (cfg.job.print_args) log_info("\n" + dump_config_toml(cfg));
   const bool cuda = at::hasCUDA();
 
-  // ---- process group ------------------------------------------------------------------------
-  // Every dp layout runs as pure replication for now (each rank holds the whole model);
-  // FSDP sharding and expert parallelism are not implemented (docs/distributed.md).
+  // ---- process group and mesh --------------------------------------------------------------
+  // A launcher's world of one rank still gets a process group (torchrun --nproc_per_node 1
+  // runs the same collective code path, e.g. a one-GPU NCCL check).
   std::unique_ptr<ProcessGroup> pg;
-  if (launch.world_size > 1) {
-    if (cfg.parallelism.expert_parallel_degree > 1)
-      throw UserError("parallelism.expert_parallel_degree = " +
-                      std::to_string(cfg.parallelism.expert_parallel_degree) +
-                      ": expert parallelism is not implemented in this version; allowed: 1");
+  std::unique_ptr<Mesh> mesh;
+  if (cfg.parallelism.expert_parallel_degree > 1)  // removed when the MoE layer is EP-aware
+    throw UserError("parallelism.expert_parallel_degree > 1 is not implemented yet; allowed: 1");
+  if (launch.world_size > 1 || launch.source != "single") {
     pg = std::make_unique<ProcessGroup>(launch, cfg.comm, cuda);
     pg->check_same_config(config_hash(cfg));
+    mesh = build_mesh(*pg, cfg.parallelism.data_parallel_replicate_degree, d.dp_shard,
+                      cfg.parallelism.expert_parallel_degree);
   }
+  // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
+  // otherwise the replicas hold it whole and all-reduce gradients (DDP).
+  const bool fsdp = mesh && (mesh->shard > 1 || mesh->ep > 1);
 
   // ---- device and determinism -------------------------------------------------------------
   at::Device device = cuda ? at::Device(at::kCUDA, static_cast<int>(launch.local_rank)) : at::kCPU;
@@ -183,15 +191,46 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     const int64_t every = std::stoll(ac.selective_ac_option);
     model->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
   }
+  const auto& cc = cfg.checkpoint;
+  const std::string ckpt_root = (std::filesystem::path(cfg.job.dump_folder) / cc.folder).string();
+  // Hugging Face weights initialize the whole model, before it is sharded.
+  const bool hf_init = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
+                       Checkpointer::complete_steps(ckpt_root).empty();
+  auto* llama = dynamic_cast<Llama3*>(model.get());
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf) && !llama)
+    throw UserError(
+        "checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face weights are "
+        "supported for model.name = \"llama3\" only in this version; found \"" +
+        cfg.model.name + "\"");
+  if (hf_init) {
+    import_llama3_hf(*llama, cc.initial_load_path);
+    log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
+  }
+
+  std::unique_ptr<FullyShardedDataParallel> sharded;
+  if (fsdp) {
+    FsdpOptions fo;
+    fo.param_dtype = bf16 ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype =
+        cuda && cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fo.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward != "never";
+    sharded = std::make_unique<FullyShardedDataParallel>(*model, *mesh, fo);
+  }
   std::vector<bool> decay;
   for (auto& p : model->params().all()) decay.push_back(p.weight_decay);
   AdamW opt(model->params().tensors(), decay, cfg.optimizer);
   LRSchedule sched(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
   std::unique_ptr<DataParallel> ddp;
-  if (pg) {
+  GradSync* grad_sync = nullptr;
+  if (sharded) {
+    grad_sync = sharded.get();
+  } else if (pg) {
     ddp = std::make_unique<DataParallel>(*pg, model->params().tensors());
-    // MoE load counts are summed over the replicas so every rank updates its expert biases
-    // identically.
+    grad_sync = ddp.get();
+  }
+  if (pg) {
+    // MoE load counts are summed over every data-parallel rank so every rank updates its
+    // expert biases identically.
     model->set_dp_allreduce([p = pg.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Sum); });
   }
 
@@ -215,10 +254,23 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
            human(static_cast<int64_t>(splits.train.size())) + " training tokens, " +
            human(static_cast<int64_t>(splits.heldout.size())) + " held-out tokens, " +
            std::to_string(loader.windows_per_rank()) + " windows per rank");
-  log_info(
-      "=> world_size = " + std::to_string(launch.world_size) + " (" + launch.source +
-      "), dp = " + std::to_string(d.dp_degree) +
-      (ddp ? " (replicated, " + std::to_string(ddp->num_buckets()) + " gradient buckets)" : ""));
+  std::string layout = "single process";
+  if (sharded)
+    layout = std::string(mesh->replicate > 1 ? "HSDP" : "FSDP") + ", " + mesh->describe() + ", " +
+             sharded->describe();
+  else if (ddp)
+    layout = "DDP (replicated), " + std::to_string(ddp->num_buckets()) + " gradient buckets";
+  log_info("=> world_size = " + std::to_string(launch.world_size) + " (" + launch.source +
+           "), dp = " + std::to_string(d.dp_degree) + ": " + layout);
+  {
+    const int64_t mine = local_state_bytes(*model, opt), whole = full_state_bytes(*model);
+    std::ostringstream os;
+    os.precision(4);
+    os << "=> memory: parameters + AdamW state on this rank " << mine / 1048576.0 << " MiB of "
+       << whole / 1048576.0 << " MiB for the whole model (ratio "
+       << static_cast<double>(mine) / static_cast<double>(whole) << ")";
+    log_info(os.str());
+  }
   log_info("=> global_batch_size = " + std::to_string(d.global_batch) +
            ", grad_accum_steps = " + std::to_string(d.grad_accum_steps) +
            ", tokens_per_step = " + std::to_string(d.tokens_per_step));
@@ -256,38 +308,36 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   };
 
   // ---- resume ----------------------------------------------------------------------------------
-  // Replicas hold identical state (loaders too: same position, different windows), so a
-  // replicated run saves one rank's copy, written by rank 0, and every rank loads it. The
-  // loader position is recorded at the real dp degree, so a resume on another world size
-  // rescales it.
-  Checkpointer ckpt(cfg, 0, 1, d.dp_degree);
+  // Every rank's loader runs in lockstep (same position, different windows), so one position
+  // is saved; it is recorded at the real dp degree, so a resume on another world size
+  // rescales it. Sharded parameters are written by every rank of the first replica and
+  // resharded on load from the dim-0 ranges in metadata.json.
+  CheckpointGroup cg;
+  cg.rank = launch.rank;
+  cg.writes = launch.rank == 0 || (sharded && mesh->replicate_index == 0);
+  cg.writers = sharded ? mesh->shard : 1;
+  if (pg) {
+    if (launch.rank == 0) pg->store_set("checkpoint/token", std::to_string(::getpid()));
+    cg.token = pg->store_get("checkpoint/token");
+    cg.counter = [p = pg.get()](const std::string& k, int64_t v) { return p->store_add(k, v); };
+    cg.timeout = std::chrono::seconds(cfg.comm.train_timeout_seconds);
+  } else {
+    cg.token = std::to_string(::getpid());
+  }
+  Checkpointer ckpt(cfg, cg, launch.world_size, d.dp_degree);
   TrainingState state{model.get(), &opt, &loader, 0, 0};
-  auto* llama = dynamic_cast<Llama3*>(model.get());
-  const auto& cc = cfg.checkpoint;
-  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf) && !llama)
-    throw UserError(
-        "checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face weights are "
-        "supported for model.name = \"llama3\" only in this version; found \"" +
-        cfg.model.name + "\"");
-  if (cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
-      Checkpointer::complete_steps(ckpt.root()).empty()) {
-    import_llama3_hf(*llama, cc.initial_load_path);
-    log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
-  } else if (cc.enable) {
+  if (cc.enable && !hf_init) {
     std::string what = ckpt.load(state);
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt.root() + ", starting fresh" : what));
   }
   auto save = [&](bool model_only) {
-    if (launch.rank == 0) ckpt.save(state, model_only);
-    // The others wait until rank 0 has taken its snapshot; an async write then continues in
-    // rank 0's background while everyone trains.
+    // Every rank snapshots its part; rank 0 renames the folder once all parts are written.
+    ckpt.save(state, model_only);
     if (pg) pg->barrier();
   };
-  if (pg) {
-    ddp->broadcast_state(*model);
-    pg->start_training();
-  }
+  if (ddp) ddp->broadcast_state(*model);
+  if (pg) pg->start_training();
 
   // ---- the loop --------------------------------------------------------------------------------
   const double global_tokens = static_cast<double>(d.tokens_per_step);
@@ -307,7 +357,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     data_ms += ms_since(t0);
     const double lr = sched.lr(step - state.lr_step_offset);
     StepResult r = train_step(*model, opt, micro, global_tokens, lr, cfg.training.max_norm,
-                              log_step, ddp.get());
+                              log_step, grad_sync);
     fwdbwd_ms += r.fwdbwd_ms;
     opt_ms += r.opt_ms;
     tokens_since_log += cfg.training.local_batch_size * d.grad_accum_steps * cfg.training.seq_len;
@@ -392,12 +442,31 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (cfg.checkpoint.enable && state.step == cfg.training.steps)
     save(cfg.checkpoint.last_save_model_only);
   ckpt.wait();
-  if (cc.enable && cc.last_save_in_hf && llama && launch.rank == 0) {
+  std::vector<at::Tensor> hf_full;
+  if (cc.enable && cc.last_save_in_hf && llama) {
     const std::string dir = ckpt.root() + "/step-" + std::to_string(state.step) + "-hf";
-    HfExportOptions o;
-    o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
-    if (!std::filesystem::exists(dir)) export_llama3_hf(*llama, dir, o);
-    log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
+    if (sharded) {  // gather the whole model (a collective), rank 0 exports it
+      for (size_t i = 0; i < model->params().all().size(); ++i) {
+        at::Tensor full = sharded->full_param(static_cast<int64_t>(i));
+        if (launch.rank == 0) hf_full.push_back(full);
+      }
+    }
+    if (launch.rank == 0) {
+      HfExportOptions o;
+      o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
+      if (!std::filesystem::exists(dir)) {
+        if (sharded) {
+          auto full = build_model(cfg, at::kCPU);
+          at::NoGradGuard ng;
+          for (size_t i = 0; i < hf_full.size(); ++i)
+            full->params().all()[i].value.copy_(hf_full[i]);
+          export_llama3_hf(dynamic_cast<Llama3&>(*full), dir, o);
+        } else {
+          export_llama3_hf(*llama, dir, o);
+        }
+      }
+      log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
+    }
   }
   // Rank 0 hosts the store: nobody leaves while a peer may still be in a collective.
   if (pg) pg->barrier();

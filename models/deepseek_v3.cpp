@@ -251,6 +251,7 @@ at::Tensor DeepSeekV3::forward(const at::Tensor& tokens) {
     for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
     h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
                            : block(l, h, w);
+    h = block_done(l, h);
   }
   // torchtitan builds the final norm without an eps: RMSNorm then uses the machine epsilon
   // of the input's dtype (fp32 1.19e-7, bf16 7.8e-3).

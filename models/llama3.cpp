@@ -148,6 +148,7 @@ at::Tensor Llama3::forward(const at::Tensor& tokens) {
       w.push_back(weight(i));
     h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
                            : block(l, h, w);
+    h = block_done(l, h);
   }
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return at::linear(h, output_ >= 0 ? weight(output_) : emb);  // (B, T, V)

@@ -175,6 +175,7 @@ at::Tensor Llama4::forward(const at::Tensor& tokens) {
     for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
     h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
                            : block(l, h, w);
+    h = block_done(l, h);
   }
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return at::linear(h, weight(output_));  // (B, T, V)

@@ -23,6 +23,16 @@ struct Param {
   std::string name;   // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
   at::Tensor value;   // fp32 master copy, requires_grad
   bool weight_decay;  // matrices decay; norms, embeddings and biases do not
+  // Sharding (parallel/fsdp.h). Unsharded: global_shape is empty and value is the whole
+  // tensor. Sharded: value holds global rows [dim0_offset, dim0_offset + dim0_rows) of a
+  // tensor of global_shape, followed by zero padding rows that are never saved.
+  std::vector<int64_t> global_shape;
+  int64_t dim0_offset = 0;
+  int64_t dim0_rows = -1;
+  bool sharded() const { return !global_shape.empty(); }
+  // The rows of value that hold real data (all of it when unsharded).
+  at::Tensor valid(const at::Tensor& t) const { return sharded() ? t.narrow(0, 0, dim0_rows) : t; }
+  std::vector<int64_t> full_shape() const { return sharded() ? global_shape : value.sizes().vec(); }
 };
 
 class ParamStore {
@@ -104,6 +114,11 @@ class Model {
   const ParamStore& params() const { return params_; }
 
   void set_weight_fn(WeightFn fn) { weight_fn_ = std::move(fn); }
+  // Called with each transformer block's output right after the block's forward (FSDP
+  // frees the block's gathered weights there). Default: identity.
+  void set_block_done_fn(std::function<at::Tensor(int64_t block, const at::Tensor& out)> fn) {
+    block_done_ = std::move(fn);
+  }
   void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // Activation checkpointing: recompute block i in backward when recompute_block(i).
@@ -114,12 +129,16 @@ class Model {
  protected:
   at::Tensor weight(int64_t i) const;
   bool recompute_block(int64_t i) const { return recompute_ && recompute_(i); }
+  at::Tensor block_done(int64_t i, const at::Tensor& out) const {
+    return block_done_ ? block_done_(i, out) : out;
+  }
 
   ParamStore params_;
   WeightFn weight_fn_;
   at::ScalarType compute_dtype_ = at::kFloat;
   std::function<bool(int64_t)> recompute_;
   std::function<void(at::Tensor&)> dp_allreduce_;
+  std::function<at::Tensor(int64_t, const at::Tensor&)> block_done_;
 };
 
 // Builds the model named by cfg.model (name, flavor) on `device`, initialized from

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -19,8 +20,11 @@ namespace titan {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::Backend> backend;  // null for a one-rank sub-group
   std::chrono::milliseconds init_timeout{0}, train_timeout{0};
+  bool cuda = false;
+  bool loopback = false;  // gloo over 127.0.0.1 (one node)
+  int64_t global_rank = 0;
 };
 
 namespace {
@@ -33,6 +37,28 @@ namespace {
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(1);
+}
+
+c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int64_t rank, int64_t size, bool cuda, bool loopback,
+                                               std::chrono::milliseconds timeout) {
+#ifdef USE_C10D_NCCL
+  if (cuda) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank),
+                                                       static_cast<int>(size), opts);
+  }
+#else
+  if (cuda) throw UserError("this build has no NCCL backend; CUDA multi-process runs need one");
+#endif
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  // Loopback for one node (torchrun --standalone); the host name otherwise, which is what
+  // createDefaultDevice resolves (it falls back to loopback when that fails).
+  opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank),
+                                                     static_cast<int>(size), opts);
 }
 
 }  // namespace
@@ -65,29 +91,13 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const CommSection& comm, bool c
                     std::to_string(env.master_port) + " within " + "comm.init_timeout_seconds = " +
                     std::to_string(comm.init_timeout_seconds) + " (" + msg + ")");
   }
+  impl_->cuda = cuda;
+  impl_->loopback = env.local_world_size == env.world_size;
+  impl_->global_rank = env.rank;
   try {
-#ifdef USE_C10D_NCCL
-    if (cuda) {
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = impl_->init_timeout;
-      impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          impl_->store, static_cast<int>(rank_), static_cast<int>(size_), opts);
-      backend_name_ = "nccl";
-    }
-#else
-    if (cuda) throw UserError("this build has no NCCL backend; CUDA multi-process runs need one");
-#endif
-    if (!cuda) {
-      auto opts = c10d::ProcessGroupGloo::Options::create(impl_->init_timeout);
-      // Loopback for one node (torchrun --standalone); the host name otherwise, which is
-      // what createDefaultDevice resolves (it falls back to loopback when that fails).
-      opts->devices.push_back(env.local_world_size == env.world_size
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-      impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          impl_->store, static_cast<int>(rank_), static_cast<int>(size_), opts);
-      backend_name_ = "gloo";
-    }
+    impl_->backend =
+        make_backend(impl_->store, rank_, size_, cuda, impl_->loopback, impl_->init_timeout);
+    backend_name_ = cuda ? "nccl" : "gloo";
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {
@@ -101,6 +111,33 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const CommSection& comm, bool c
 }
 
 ProcessGroup::~ProcessGroup() = default;
+
+std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,
+                                                     const std::vector<int64_t>& ranks) {
+  std::unique_ptr<ProcessGroup> g(new ProcessGroup());
+  g->impl_ = std::make_unique<Impl>(*impl_);
+  g->impl_->backend.reset();
+  const auto me = std::find(ranks.begin(), ranks.end(), impl_->global_rank);
+  TORCH_CHECK(me != ranks.end(), "subgroup ", name, " does not include rank ", impl_->global_rank);
+  g->rank_ = me - ranks.begin();
+  g->size_ = static_cast<int64_t>(ranks.size());
+  std::string key = name + "[";
+  for (size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
+  key += "]/";
+  g->impl_->store = c10::make_intrusive<c10d::PrefixStore>(key, impl_->store);
+  g->backend_name_ = backend_name_;
+  if (g->size_ > 1) {
+    try {
+      g->impl_->backend = make_backend(g->impl_->store, g->rank_, g->size_, impl_->cuda,
+                                       impl_->loopback, impl_->init_timeout);
+    } catch (const std::exception& e) {
+      die(impl_->global_rank, "creating the sub-group " + key, e);
+    }
+  } else {
+    g->backend_name_ = "local";
+  }
+  return g;
+}
 
 void ProcessGroup::check_same_config(uint64_t hash) {
   auto& store = *impl_->store;
@@ -143,37 +180,113 @@ void ProcessGroup::check_same_config(uint64_t hash) {
 }
 
 void ProcessGroup::start_training() {
-  impl_->backend->setTimeout(impl_->train_timeout);
+  if (impl_->backend) impl_->backend->setTimeout(impl_->train_timeout);
   impl_->store->setTimeout(impl_->train_timeout);
 }
 
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
+  if (!impl_->backend) return;
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
     impl_->backend->allreduce(v, o)->wait();
   } catch (const std::exception& e) {
-    die(rank_, "all-reduce", e);
+    die(impl_->global_rank, "all-reduce", e);
   }
 }
 
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
+  if (!impl_->backend) return;
   try {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
     impl_->backend->broadcast(v, o)->wait();
   } catch (const std::exception& e) {
-    die(rank_, "broadcast", e);
+    die(impl_->global_rank, "broadcast", e);
   }
 }
 
 void ProcessGroup::barrier() {
+  if (!impl_->backend) return;
   try {
     impl_->backend->barrier()->wait();
   } catch (const std::exception& e) {
-    die(rank_, "barrier", e);
+    die(impl_->global_rank, "barrier", e);
+  }
+}
+
+void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& in) {
+  TORCH_CHECK(out.numel() == in.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
+              "all_gather: out must hold size() x in.numel() contiguous elements");
+  if (!impl_->backend) {
+    out.view(in.sizes()).copy_(in);
+    return;
+  }
+  try {
+    at::Tensor dst = out.view({-1}), src = in.view({-1});
+    impl_->backend->_allgather_base(dst, src)->wait();
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "all-gather", e);
+  }
+}
+
+void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
+  TORCH_CHECK(in.numel() == out.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
+              "reduce_scatter: in must hold size() x out.numel() contiguous elements");
+  if (!impl_->backend) {
+    out.copy_(in.view(out.sizes()));
+    return;
+  }
+  try {
+    at::Tensor dst = out.view({-1}), src = in.view({-1});
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    impl_->backend->_reduce_scatter_base(dst, src, o)->wait();
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "reduce-scatter", e);
+  }
+}
+
+void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
+                              const std::vector<int64_t>& out_splits,
+                              const std::vector<int64_t>& in_splits) {
+  if (!impl_->backend) {
+    out.copy_(in);
+    return;
+  }
+  try {
+    at::Tensor src = in;
+    std::vector<int64_t> os = out_splits, is = in_splits;
+    impl_->backend->alltoall_base(out, src, os, is)->wait();
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "all-to-all", e);
+  }
+}
+
+void ProcessGroup::store_set(const std::string& key, const std::string& value) {
+  try {
+    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "store set of " + key, e);
+  }
+}
+
+std::string ProcessGroup::store_get(const std::string& key) {
+  try {
+    auto v = impl_->store->get(key);
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "store get of " + key, e);
+  }
+}
+
+int64_t ProcessGroup::store_add(const std::string& key, int64_t delta) {
+  try {
+    return impl_->store->add(key, delta);
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "store add of " + key, e);
   }
 }
 

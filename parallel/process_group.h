@@ -42,14 +42,35 @@ class ProcessGroup {
   // Switches collectives from the init timeout to comm.train_timeout_seconds.
   void start_training();
 
-  // In-place collectives. A failure or a timeout (a peer died or hangs) ends this process
-  // with status 1 at once: unwinding would wait on the backend's threads, which wait on the
-  // dead peer.
+  // The sub-group of `ranks` (global ranks of this group, ascending), which must include
+  // this rank. Every member calls it with the same name and ranks; the name keys the
+  // sub-group's rendezvous in the store. A one-rank sub-group runs its collectives locally.
+  std::unique_ptr<ProcessGroup> subgroup(const std::string& name,
+                                         const std::vector<int64_t>& ranks);
+
+  // Collectives, each waited for before returning. A failure or a timeout (a peer died or
+  // hangs) ends this process with status 1 at once: unwinding would wait on the backend's
+  // threads, which wait on the dead peer.
   void allreduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   void broadcast(at::Tensor& t, int64_t root = 0);
   void barrier();
+  // out (size() * in.numel(), contiguous) = the concatenation of every rank's `in`.
+  void all_gather(at::Tensor& out, const at::Tensor& in);
+  // out (in.numel() / size()) = the sum over ranks of this rank's chunk of `in`.
+  void reduce_scatter(at::Tensor& out, const at::Tensor& in);
+  // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
+  // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
+  void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits);
+
+  // Small coordination values through the rendezvous store (checkpoint completion, a shared
+  // temp-folder name). Keys are private to this group.
+  void store_set(const std::string& key, const std::string& value);
+  std::string store_get(const std::string& key);  // waits for the key
+  int64_t store_add(const std::string& key, int64_t delta);
 
  private:
+  ProcessGroup() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t rank_ = 0, size_ = 1;

@@ -1,0 +1,340 @@
+#include "parallel/fsdp.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+namespace titan {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One all-gather unit: parameters gathered and reduced together over one group.
+struct FullyShardedDataParallel::Unit {
+  std::string name;
+  ProcessGroup* group = nullptr;
+  bool reshard_after_forward = false;
+  std::vector<int64_t> params;                   // store indices
+  std::vector<std::vector<int64_t>> full_shape;  // the gathered shape (dim 0: rows over group)
+  std::vector<int64_t> chunk_rows;               // rows per rank (ceil(rows / group size))
+  std::vector<int64_t> chunk_numel;              // chunk_rows x the other dims
+  int64_t chunk_total = 0;                       // sum of chunk_numel: one rank's flat share
+  // Live state of the current forward.
+  std::vector<at::Tensor> full;  // the gathered weights handed to the model (autograd outputs)
+  std::vector<bool> handed;      // returned by weight() since the last gather
+  bool released = false;         // storages freed after the block's forward
+};
+
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Frees a tensor's storage but keeps the tensor (and every autograd reference to it).
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+// Gives a freed tensor fresh storage of its full size.
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == bytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+}  // namespace
+
+// forward: shards -> full weights (all-gather); backward: full grads -> shard grads
+// (reduce-scatter).
+struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gather> {
+  static variable_list forward(AutogradContext* ctx, int64_t self_ptr, int64_t unit,
+                               at::TensorList shards) {
+    auto* self = reinterpret_cast<FullyShardedDataParallel*>(self_ptr);
+    ctx->saved_data["self"] = self_ptr;
+    ctx->saved_data["unit"] = unit;
+    Unit& u = *self->units_[static_cast<size_t>(unit)];
+    self->gather_into(u, shards.vec(), /*refill=*/false);
+    return u.full;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* self = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["self"].toInt());
+    Unit& u = *self->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())];
+    variable_list out{at::Tensor(), at::Tensor()};
+    for (auto& g : self->reduce_scatter(u, grads)) out.push_back(g);
+    self->release(u);  // reshard after backward
+    return out;
+  }
+};
+
+// Identity on a block's output whose backward gathers the block's weights again, before
+// autograd reaches any node of the block that saved them.
+struct FullyShardedDataParallel::Regather : public torch::autograd::Function<Regather> {
+  static variable_list forward(AutogradContext* ctx, int64_t self_ptr, int64_t unit,
+                               const at::Tensor& x) {
+    ctx->saved_data["self"] = self_ptr;
+    ctx->saved_data["unit"] = unit;
+    return {x};  // returned as-is: autograd makes it a view with this node as its history
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* self = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["self"].toInt());
+    Unit& u = *self->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())];
+    if (u.released) {
+      std::vector<at::Tensor> shards;
+      for (int64_t i : u.params) shards.push_back(self->model_.params()[i].value);
+      self->gather_into(u, shards, /*refill=*/true);
+    }
+    return {at::Tensor(), at::Tensor(), grads[0]};
+  }
+};
+
+FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
+                                                   const FsdpOptions& opts)
+    : model_(model), mesh_(mesh), opts_(opts) {
+  at::NoGradGuard ng;
+  auto& params = model.params().all();
+  std::map<std::string, size_t> by_name;
+  block_unit_.assign(static_cast<size_t>(model.info().n_layers), -1);
+  where_.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    TORCH_CHECK(!p.sharded(), "parameter ", p.name, " is already sharded");
+    // Unit key: "layers.N" per block, "tok_embeddings", and "head" for norm + output.
+    std::string key = p.name.substr(0, p.name.find('.'));
+    int64_t block = -1;
+    if (key == "layers") {
+      const size_t dot2 = p.name.find('.', 7);
+      block = std::stoll(p.name.substr(7, dot2 - 7));
+      key = p.name.substr(0, dot2);
+    } else if (key != "tok_embeddings") {
+      key = "head";
+    }
+    const bool expert = p.name.find(".moe.experts.") != std::string::npos;
+    if (expert && mesh.ep > 1) key += ".experts";
+    ProcessGroup* group = expert ? mesh.efsdp_group.get() : mesh.shard_group.get();
+    if (!by_name.count(key)) {
+      by_name[key] = units_.size();
+      units_.push_back(std::make_unique<Unit>());
+      units_.back()->name = key;
+      units_.back()->group = group;
+      units_.back()->reshard_after_forward = block >= 0 && opts.reshard_after_forward;
+      if (block >= 0 && !(expert && mesh.ep > 1))
+        block_unit_[static_cast<size_t>(block)] = static_cast<int64_t>(units_.size() - 1);
+    }
+    const size_t ui = by_name[key];
+    Unit& u = *units_[ui];
+    TORCH_CHECK(u.group == group, "unit ", key, " mixes process groups");
+
+    // Under expert parallelism this rank's experts are rows [ep_index * E/ep, + E/ep).
+    const std::vector<int64_t> global = p.value.sizes().vec();
+    TORCH_CHECK(!global.empty(), "cannot shard the scalar parameter ", p.name);
+    int64_t base = 0, rows = global[0];
+    if (expert && mesh.ep > 1) {
+      TORCH_CHECK(rows % mesh.ep == 0, p.name, ": ", rows, " experts over ep ", mesh.ep);
+      rows /= mesh.ep;
+      base = mesh.ep_index * rows;
+    }
+    const int64_t n = group->size(), r = group->rank();
+    const int64_t chunk = (rows + n - 1) / n;
+    const int64_t begin = std::min(rows, r * chunk);
+    const int64_t valid = std::min(rows, begin + chunk) - begin;
+    std::vector<int64_t> shard_shape = global;
+    shard_shape[0] = chunk;
+    at::Tensor shard = at::zeros(shard_shape, p.value.options().requires_grad(false));
+    if (valid > 0) shard.narrow(0, 0, valid).copy_(p.value.narrow(0, base + begin, valid));
+    std::vector<int64_t> full_shape = global;
+    full_shape[0] = rows;
+    u.params.push_back(static_cast<int64_t>(i));
+    u.full_shape.push_back(full_shape);
+    u.chunk_rows.push_back(chunk);
+    u.chunk_numel.push_back(numel_of(shard_shape));
+    u.chunk_total += numel_of(shard_shape);
+    where_[i] = {static_cast<int64_t>(ui), static_cast<int64_t>(u.params.size() - 1)};
+    p.global_shape = global;
+    p.dim0_offset = base + begin;
+    p.dim0_rows = valid;
+    p.value = shard.requires_grad_(true);
+  }
+  if (mesh.replicate > 1) {
+    std::vector<at::Tensor> shards;
+    for (auto& p : params) shards.push_back(p.value);
+    replicate_sync_ = std::make_unique<DataParallel>(*mesh.replicate_group, shards);
+  }
+  model.set_weight_fn([this](int64_t i) { return weight(i); });
+  model.set_block_done_fn([this](int64_t b, const at::Tensor& out) { return after_block(b, out); });
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  model_.set_weight_fn(nullptr);
+  model_.set_block_done_fn(nullptr);
+}
+
+int64_t FullyShardedDataParallel::num_units() const {
+  return static_cast<int64_t>(units_.size());
+}
+
+std::string FullyShardedDataParallel::describe() const {
+  std::ostringstream os;
+  os << units_.size() << " units, " << (opts_.reshard_after_forward ? "" : "no ")
+     << "reshard after forward, all-gather in " << c10::toString(opts_.param_dtype)
+     << ", reduce-scatter in " << c10::toString(opts_.reduce_dtype);
+  if (replicate_sync_) os << ", then an all-reduce over " << mesh_.replicate << " replicas";
+  return os.str();
+}
+
+void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor>& shards,
+                                           bool refill) {
+  at::NoGradGuard ng;
+  const int64_t n = u.group->size();
+  const auto opt = shards[0].options().dtype(opts_.param_dtype).requires_grad(false);
+  std::vector<at::Tensor> flat;
+  for (auto& s : shards) flat.push_back(s.detach().reshape({-1}));
+  at::Tensor send = at::cat(flat).to(opts_.param_dtype);
+  at::Tensor recv = at::empty({n * u.chunk_total}, opt);
+  u.group->all_gather(recv, send);
+  at::Tensor grid = recv.view({n, u.chunk_total});  // row r: rank r's shards, concatenated
+  if (!refill) {
+    u.full.clear();
+    u.handed.assign(u.params.size(), false);
+  }
+  int64_t off = 0;
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    std::vector<int64_t> padded = u.full_shape[k];
+    padded[0] = n * u.chunk_rows[k];
+    at::Tensor whole =
+        grid.narrow(1, off, u.chunk_numel[k]).reshape(padded).narrow(0, 0, u.full_shape[k][0]);
+    off += u.chunk_numel[k];
+    if (refill) {
+      // Write through a separate alias: copying into the tensor itself would bump the
+      // version counter autograd checks when it unpacks the saved weight.
+      const at::Tensor& t = u.full[k];
+      alloc_storage(t);
+      at::Tensor alias = at::empty({0}, t.options().requires_grad(false));
+      alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+      alias.copy_(whole);
+    } else {
+      // Always a fresh tensor (never a view of recv): its storage is freed and refilled alone.
+      u.full.push_back(whole.clone(at::MemoryFormat::Contiguous));
+    }
+  }
+  u.released = false;
+}
+
+std::vector<at::Tensor> FullyShardedDataParallel::reduce_scatter(
+    Unit& u, const std::vector<at::Tensor>& grads) {
+  at::NoGradGuard ng;
+  const int64_t n = u.group->size();
+  auto& params = model_.params().all();
+  const auto opt =
+      params[static_cast<size_t>(u.params[0])].value.options().dtype(opts_.reduce_dtype);
+  std::vector<at::Tensor> cols;  // per parameter: (n, chunk_numel), row r for rank r
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    std::vector<int64_t> padded = u.full_shape[k];
+    padded[0] = n * u.chunk_rows[k];
+    at::Tensor full = at::zeros(padded, opt);
+    if (k < grads.size() && grads[k].defined())
+      full.narrow(0, 0, u.full_shape[k][0]).copy_(grads[k]);
+    cols.push_back(full.view({n, u.chunk_numel[k]}));
+  }
+  at::Tensor send = at::cat(cols, 1).contiguous();
+  at::Tensor recv = at::empty({u.chunk_total}, opt);
+  u.group->reduce_scatter(recv, send);
+  std::vector<at::Tensor> out;
+  int64_t off = 0;
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    const Param& p = params[static_cast<size_t>(u.params[k])];
+    out.push_back(recv.narrow(0, off, u.chunk_numel[k]).view_as(p.value).to(p.value.scalar_type()));
+    off += u.chunk_numel[k];
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::release(Unit& u) {
+  for (auto& t : u.full) free_storage(t);
+  u.released = true;
+}
+
+at::Tensor FullyShardedDataParallel::weight(int64_t i) {
+  auto [ui, k] = where_[static_cast<size_t>(i)];
+  Unit& u = *units_[static_cast<size_t>(ui)];
+  // A second request for the same weight means a new forward: gather again, so each forward
+  // has its own autograd node (and its own reduce-scatter in backward).
+  if (u.full.empty() || u.handed[static_cast<size_t>(k)] || u.released) {
+    std::vector<at::Tensor> shards;
+    for (int64_t j : u.params) shards.push_back(model_.params()[j].value);
+    if (at::GradMode::is_enabled()) {
+      Gather::apply(reinterpret_cast<int64_t>(this), ui, at::TensorList(shards));
+      // Gather::forward stored the outputs in u.full; apply wrapped the same tensors.
+    } else {
+      gather_into(u, shards, /*refill=*/false);
+    }
+  }
+  u.handed[static_cast<size_t>(k)] = true;
+  return u.full[static_cast<size_t>(k)];
+}
+
+at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor& out) {
+  const int64_t ui = block_unit_[static_cast<size_t>(block)];
+  if (ui < 0) return out;
+  Unit& u = *units_[static_cast<size_t>(ui)];
+  if (!u.reshard_after_forward) return out;
+  release(u);
+  if (!at::GradMode::is_enabled() || !out.requires_grad()) return out;
+  return Regather::apply(reinterpret_cast<int64_t>(this), ui, out)[0];
+}
+
+void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
+  if (replicate_sync_) replicate_sync_->reduce_gradients(params);
+}
+
+void FullyShardedDataParallel::reduce_norm_sq(at::Tensor& norm_sq) {
+  // Padding rows have zero gradients, so the local sum is this rank's exact share. Expert
+  // shards are distinct across the whole shard group too (ep x efsdp), so one sum covers all.
+  mesh_.shard_group->allreduce(norm_sq, ReduceOp::Sum);
+}
+
+at::Tensor FullyShardedDataParallel::full_param(int64_t i) {
+  at::NoGradGuard ng;
+  auto [ui, k] = where_[static_cast<size_t>(i)];
+  Unit& u = *units_[static_cast<size_t>(ui)];
+  const Param& p = model_.params()[i];
+  const int64_t n = u.group->size();
+  std::vector<int64_t> padded = u.full_shape[static_cast<size_t>(k)];
+  padded[0] = n * u.chunk_rows[static_cast<size_t>(k)];
+  at::Tensor recv = at::empty(padded, p.value.options().requires_grad(false));
+  u.group->all_gather(recv, p.value.detach().contiguous());
+  at::Tensor mine = recv.narrow(0, 0, u.full_shape[static_cast<size_t>(k)][0]);
+  if (mesh_.ep == 1 || p.full_shape()[0] == mine.size(0)) return mine;
+  // Expert weights: gather the ep ranks' experts too.
+  at::Tensor all = at::empty(p.full_shape(), mine.options());
+  mesh_.ep_group->all_gather(all, mine.contiguous());
+  return all;
+}
+
+int64_t local_state_bytes(const Model& model, AdamW& opt) {
+  int64_t b = 0;
+  auto bytes = [](const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); };
+  for (auto& p : model.params().all()) b += bytes(p.value);
+  for (auto& t : opt.exp_avg()) b += bytes(t);
+  for (auto& t : opt.exp_avg_sq()) b += bytes(t);
+  return b;
+}
+
+int64_t full_state_bytes(const Model& model) {
+  int64_t n = 0;
+  for (auto& p : model.params().all()) n += numel_of(p.full_shape());
+  return 3 * 4 * n;
+}
+
+}  // namespace titan

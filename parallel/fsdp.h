@@ -1,0 +1,82 @@
+// Fully sharded data parallelism (FSDP, and HSDP with a replicate dimension).
+//
+// Every parameter is split along dim 0 over its shard group; the ParamStore then holds only
+// this rank's rows (padded to an equal row count per rank), so parameters, gradients and
+// AdamW state take about 1/N of the memory. Parameters are grouped into units: one per
+// transformer block, one for the token embeddings and one for the final norm and output.
+//
+// The model asks Model::weight(i) for a full weight. The first request of a unit in a
+// forward all-gathers the whole unit (one collective) through an autograd function whose
+// backward reduce-scatters the full gradients back to the shards (in fp32). After a block's
+// forward its gathered weights are released (fsdp_reshard_after_forward) and gathered again
+// when the gradient reaches the block's output in backward. HSDP then sums the shard
+// gradients over the replicate group once per step. Expert weights under expert parallelism
+// hold only this ep rank's experts and are sharded over the remaining (efsdp) ranks
+// (docs/distributed.md).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/optimizer.h"
+#include "core/trainer.h"
+#include "models/model.h"
+#include "parallel/ddp.h"
+#include "parallel/mesh.h"
+
+namespace titan {
+
+struct FsdpOptions {
+  at::ScalarType param_dtype = at::kFloat;   // dtype of the all-gather and of compute
+  at::ScalarType reduce_dtype = at::kFloat;  // dtype of the gradient reduce-scatter
+  bool reshard_after_forward = true;         // blocks only; the root units stay gathered
+};
+
+class FullyShardedDataParallel : public GradSync {
+ public:
+  // Shards `model`'s parameters in place and installs its weight and block hooks. Call
+  // before creating the optimizer (which must see the shards). Every rank must hold the
+  // same full parameters on entry (the same seed, or the same checkpoint).
+  FullyShardedDataParallel(Model& model, Mesh& mesh, const FsdpOptions& opts);
+  ~FullyShardedDataParallel() override;
+
+  // HSDP: sums the shard gradients over the replicate group (no-op without one).
+  void reduce_gradients(const std::vector<at::Tensor>& params) override;
+  // Sums the squared norm of the local shards over the shard group.
+  void reduce_norm_sq(at::Tensor& norm_sq) override;
+
+  // The whole of parameter i (fp32, on every rank of its group): a collective, for exports.
+  at::Tensor full_param(int64_t i);
+  // Human-readable layout for the startup log.
+  std::string describe() const;
+  int64_t num_units() const;
+
+ private:
+  struct Unit;
+  struct Gather;
+  struct Regather;
+  at::Tensor weight(int64_t i);
+  at::Tensor after_block(int64_t block, const at::Tensor& out);
+  void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
+  std::vector<at::Tensor> reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
+  void release(Unit& u);
+
+  Model& model_;
+  Mesh& mesh_;
+  FsdpOptions opts_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::pair<int64_t, int64_t>> where_;  // param -> (unit, position in unit)
+  std::vector<int64_t> block_unit_;                 // block -> unit (-1: none)
+  std::unique_ptr<DataParallel> replicate_sync_;    // HSDP
+};
+
+// Bytes of parameters and AdamW state held by this rank (what sharding divides).
+int64_t local_state_bytes(const Model& model, AdamW& opt);
+// The same for the whole model, unsharded (fp32 parameters + exp_avg + exp_avg_sq).
+int64_t full_state_bytes(const Model& model);
+
+}  // namespace titan

@@ -1,0 +1,36 @@
+// The device mesh: world = dp_replicate x dp_shard, with the expert-parallel degree borrowed
+// from dp_shard (torchtitan's dp2ep): dp_shard = efsdp x ep, where experts are split over
+// the ep ranks and sharded (FSDP) over the efsdp ranks (docs/distributed.md).
+//
+// Global rank = (replicate_index * dp_shard) + shard_index, and
+// shard_index = efsdp_index * ep + ep_index, so an ep group is a run of adjacent ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "parallel/process_group.h"
+
+namespace titan {
+
+struct Mesh {
+  int64_t replicate = 1, shard = 1, ep = 1;
+  int64_t replicate_index = 0, shard_index = 0, ep_index = 0, efsdp_index = 0;
+  int64_t efsdp() const { return shard / ep; }
+
+  ProcessGroup* world = nullptr;                  // every rank
+  std::unique_ptr<ProcessGroup> shard_group;      // same replicate index
+  std::unique_ptr<ProcessGroup> replicate_group;  // same shard index
+  std::unique_ptr<ProcessGroup> ep_group;         // same replicate and efsdp index
+  std::unique_ptr<ProcessGroup> efsdp_group;      // same replicate and ep index
+
+  // "dp_replicate 2 x dp_shard 2 (ep 1)", for the startup log.
+  std::string describe() const;
+};
+
+// Creates the sub-groups this rank belongs to. The degrees were validated against the world
+// size by validate_config.
+std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep);
+
+}  // namespace titan
