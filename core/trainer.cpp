@@ -19,6 +19,7 @@
 #include "core/tokenizer.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "models/moe_model.h"
 #include "parallel/ddp.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
@@ -128,8 +129,6 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   // runs the same collective code path, e.g. a one-GPU NCCL check).
   std::unique_ptr<ProcessGroup> pg;
   std::unique_ptr<Mesh> mesh;
-  if (cfg.parallelism.expert_parallel_degree > 1)  // removed when the MoE layer is EP-aware
-    throw UserError("parallelism.expert_parallel_degree > 1 is not implemented yet; allowed: 1");
   if (launch.world_size > 1 || launch.source != "single") {
     pg = std::make_unique<ProcessGroup>(launch, cfg.comm, cuda);
     pg->check_same_config(config_hash(cfg));
@@ -207,6 +206,32 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
   }
 
+  const int64_t ep = cfg.parallelism.expert_parallel_degree;
+  if (ep > 1) {
+    auto* moe = dynamic_cast<MoETransformer*>(model.get());
+    if (!moe)
+      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) + ": model " +
+                      cfg.model.name + " has no experts; allowed: 1 (or an MoE model: llama4, "
+                      "deepseek_v3)");
+    const int64_t E = moe->num_experts();
+    if (E % ep != 0)
+      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) +
+                      " does not divide the " + std::to_string(E) + " experts of " +
+                      cfg.model.name + "/" + cfg.model.flavor +
+                      "; allowed: a divisor of the expert count that divides the shard degree " +
+                      std::to_string(d.dp_shard));
+    if (mesh) {
+      ExpertParallel e;
+      e.size = ep;
+      e.rank = mesh->ep_index;
+      e.all_to_all = [g = mesh->ep_group.get()](at::Tensor& out, const at::Tensor& in,
+                                                const std::vector<int64_t>& os,
+                                                const std::vector<int64_t>& is) {
+        g->all_to_all(out, in, os, is);
+      };
+      moe->set_expert_parallel(e);
+    }
+  }
   std::unique_ptr<FullyShardedDataParallel> sharded;
   if (fsdp) {
     FsdpOptions fo;

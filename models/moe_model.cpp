@@ -77,4 +77,15 @@ int64_t run_max_seq_len(const JobConfig& cfg) {
   return n;
 }
 
+int64_t MoETransformer::num_experts() const {
+  for (auto& m : moe_)
+    if (m) return m->args().num_experts;
+  return 0;
+}
+
+void MoETransformer::set_expert_parallel(const ExpertParallel& ep) {
+  for (auto& m : moe_)
+    if (m) m->set_expert_parallel(ep);
+}
+
 }  // namespace titan

@@ -30,6 +30,10 @@ class MoETransformer : public Model {
   // The MoE layer of transformer layer l, or nullptr for a dense layer.
   MoELayer* moe_layer(int64_t l) const { return moe_[static_cast<size_t>(l)].get(); }
   std::vector<MoELayer*> moe_layers() const;
+  // Number of routed experts per MoE layer (0 when there is no MoE layer).
+  int64_t num_experts() const;
+  // Installs expert parallelism in every MoE layer (see MoELayer::set_expert_parallel).
+  void set_expert_parallel(const ExpertParallel& ep);
 
  protected:
   // Call first in forward(): a forward with grad mode on is a training forward.

@@ -2,6 +2,8 @@
 
 #include "models/layers.h"
 
+#include <torch/csrc/autograd/custom_function.h>
+
 namespace titan {
 
 MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::string& prefix,
@@ -79,7 +81,9 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     routed = (routed.to(at::kFloat) * top_sorted.unsqueeze(1)).to(x.scalar_type());
 
   at::Tensor out_sorted;
-  if (grouped) {
+  if (ep_.size > 1) {
+    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d, ep_, args_.backend);
+  } else if (grouped) {
     out_sorted = grouped_experts(routed, w1, w2, w3, d);
   } else {
     // The loop backend's one host sync per layer and forward. A checkpointed forward leaves
@@ -126,6 +130,109 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     aux_ = aux_.defined() ? aux_ + l : l;
   }
   return out.view({B, S, D});
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Differentiable row all-to-all: the gradient travels back along the reversed splits.
+struct AllToAll : public torch::autograd::Function<AllToAll> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t ep_ptr,
+                               std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+    const auto& ep = *reinterpret_cast<const ExpertParallel*>(ep_ptr);
+    ctx->saved_data["ep"] = ep_ptr;
+    ctx->saved_data["out"] = out_splits;
+    ctx->saved_data["in"] = in_splits;
+    int64_t rows = 0;
+    for (int64_t n : out_splits) rows += n;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[0] = rows;
+    at::Tensor out = at::empty(shape, x.options());
+    ep.all_to_all(out, x.contiguous(), out_splits, in_splits);
+    return {out};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto& ep = *reinterpret_cast<const ExpertParallel*>(ctx->saved_data["ep"].toInt());
+    auto out_splits = ctx->saved_data["out"].toIntVector();
+    auto in_splits = ctx->saved_data["in"].toIntVector();
+    int64_t rows = 0;
+    for (int64_t n : in_splits) rows += n;
+    std::vector<int64_t> shape = g[0].sizes().vec();
+    shape[0] = rows;
+    at::Tensor gx = at::empty(shape, g[0].options());
+    ep.all_to_all(gx, g[0].contiguous(), in_splits, out_splits);
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
+                                   const ExpertParallel& ep, ExpertsBackend backend) {
+  const int64_t P = ep.size, E = d.num_experts, El = E / P;
+  TORCH_CHECK(El * P == E && w1.size(0) == El, "expert parallelism: ", E, " experts over ", P,
+              " ranks but this rank holds ", w1.size(0));
+  // 1. Counts: recv_counts[src * El + j] = rows rank src sends to local expert j.
+  at::Tensor send_counts = d.counts.to(at::kLong).contiguous();
+  at::Tensor recv_counts = at::empty({E}, send_counts.options());
+  const std::vector<int64_t> even(static_cast<size_t>(P), El);
+  {
+    at::NoGradGuard ng;
+    ep.all_to_all(recv_counts, send_counts, even, even);
+  }
+  // 2. The expert-parallel host sync: the row splits must be host integers.
+  at::Tensor both = at::cat({send_counts, recv_counts}).to(at::kCPU);
+  const int64_t* c = both.data_ptr<int64_t>();
+  std::vector<int64_t> in_splits(static_cast<size_t>(P), 0), out_splits(static_cast<size_t>(P), 0);
+  std::vector<int64_t> local_counts(static_cast<size_t>(El), 0);
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t j = 0; j < El; ++j) {
+      in_splits[static_cast<size_t>(r)] += c[r * El + j];
+      out_splits[static_cast<size_t>(r)] += c[E + r * El + j];
+      local_counts[static_cast<size_t>(j)] += c[E + r * El + j];
+    }
+  // 3. Rows out: x_sorted is in expert order, so each destination's rows are contiguous.
+  at::Tensor recv = AllToAll::apply(x_sorted, reinterpret_cast<int64_t>(&ep), out_splits,
+                                    in_splits)[0];  // (R, D): [src][local expert]
+  // 4. Regroup [src][expert] -> [expert][src]; within an expert, rows keep source-rank order
+  //    and each source's own order.
+  std::vector<int64_t> block_start(static_cast<size_t>(E));
+  int64_t pos = 0;
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t j = 0; j < El; ++j) {
+      block_start[static_cast<size_t>(r * El + j)] = pos;
+      pos += c[E + r * El + j];
+    }
+  std::vector<int64_t> perm;
+  perm.reserve(static_cast<size_t>(pos));
+  for (int64_t j = 0; j < El; ++j)
+    for (int64_t r = 0; r < P; ++r) {
+      const int64_t s = block_start[static_cast<size_t>(r * El + j)];
+      for (int64_t i = 0; i < c[E + r * El + j]; ++i) perm.push_back(s + i);
+    }
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  const auto idx_opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor perm_t = at::tensor(perm, idx_opts).to(x_sorted.device());
+  at::Tensor inv_t = at::tensor(inv, idx_opts).to(x_sorted.device());
+  at::Tensor x_local = recv.index_select(0, perm_t);
+  // 5. The local experts.
+  at::Tensor y_local;
+  if (backend == ExpertsBackend::GroupedMM) {
+    at::Tensor ids = at::repeat_interleave(
+        at::arange(El, idx_opts.device(x_sorted.device())),
+        at::tensor(local_counts, idx_opts).to(x_sorted.device()));
+    Dispatch dl = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(backend));
+    y_local = grouped_experts(x_local, w1, w2, w3, dl);
+  } else {
+    y_local = loop_experts(x_local, w1, w2, w3, local_counts);
+  }
+  // 6. Back to [src][expert] order, and home.
+  at::Tensor y_recv = y_local.index_select(0, inv_t);
+  return AllToAll::apply(y_recv, reinterpret_cast<int64_t>(&ep), in_splits, out_splits)[0];
 }
 
 at::Tensor MoELayer::take_aux_loss() {

@@ -29,6 +29,17 @@ struct MoEArgs : RouterArgs {
   ExpertsBackend backend = ExpertsBackend::Loop;
 };
 
+// Expert parallelism (parallel/fsdp.h shards the expert weights to match): the layer holds
+// experts [rank * E/size, (rank + 1) * E/size) and exchanges token rows with the other ep
+// ranks through `all_to_all` (ProcessGroup::all_to_all semantics: dim-0 row splits).
+struct ExpertParallel {
+  int64_t size = 1;
+  int64_t rank = 0;
+  std::function<void(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                     const std::vector<int64_t>& in_splits)>
+      all_to_all;
+};
+
 class MoELayer {
  public:
   // How the model is running this forward.
@@ -54,6 +65,8 @@ class MoELayer {
   at::Tensor take_aux_loss();
 
   const MoEArgs& args() const { return args_; }
+  void set_expert_parallel(ExpertParallel ep) { ep_ = std::move(ep); }
+  const ExpertParallel& expert_parallel() const { return ep_; }
   int64_t hidden() const { return hidden_; }
   const std::string& prefix() const { return prefix_; }
 
@@ -76,7 +89,16 @@ class MoELayer {
   int64_t sw1_ = -1, sw2_ = -1, sw3_ = -1;
   std::deque<std::vector<int64_t>> pending_counts_;
   at::Tensor aux_;
+  ExpertParallel ep_;
 };
+
+// The routed experts under expert parallelism: x_sorted (N, D) rows in expert order with
+// per-expert counts d.counts (all E experts) -> (N, D) expert outputs in the same order.
+// Exchanges counts, then rows, with the ep ranks; w1/w2/w3 hold this rank's E/size experts.
+// Host sync (named): the split sizes of the row all-to-all are read once per call.
+at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
+                                   const ExpertParallel& ep, ExpertsBackend backend);
 
 // Once per optimizer step (DeepSeek's aux-loss-free balancing, arXiv 2408.15664): sums the
 // counts over data-parallel ranks with `dp_allreduce` (if set), then per layer

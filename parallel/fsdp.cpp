@@ -105,7 +105,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
   at::NoGradGuard ng;
   auto& params = model.params().all();
   std::map<std::string, size_t> by_name;
-  block_unit_.assign(static_cast<size_t>(model.info().n_layers), -1);
+  block_units_.resize(static_cast<size_t>(model.info().n_layers));
   where_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
@@ -122,15 +122,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
     }
     const bool expert = p.name.find(".moe.experts.") != std::string::npos;
     if (expert && mesh.ep > 1) key += ".experts";
-    ProcessGroup* group = expert ? mesh.efsdp_group.get() : mesh.shard_group.get();
+    ProcessGroup* group = expert && mesh.ep > 1 ? mesh.efsdp_group.get() : mesh.shard_group.get();
     if (!by_name.count(key)) {
       by_name[key] = units_.size();
       units_.push_back(std::make_unique<Unit>());
       units_.back()->name = key;
       units_.back()->group = group;
       units_.back()->reshard_after_forward = block >= 0 && opts.reshard_after_forward;
-      if (block >= 0 && !(expert && mesh.ep > 1))
-        block_unit_[static_cast<size_t>(block)] = static_cast<int64_t>(units_.size() - 1);
+      if (block >= 0)
+        block_units_[static_cast<size_t>(block)].push_back(static_cast<int64_t>(units_.size() - 1));
     }
     const size_t ui = by_name[key];
     Unit& u = *units_[ui];
@@ -285,13 +285,15 @@ at::Tensor FullyShardedDataParallel::weight(int64_t i) {
 }
 
 at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor& out) {
-  const int64_t ui = block_unit_[static_cast<size_t>(block)];
-  if (ui < 0) return out;
-  Unit& u = *units_[static_cast<size_t>(ui)];
-  if (!u.reshard_after_forward) return out;
-  release(u);
-  if (!at::GradMode::is_enabled() || !out.requires_grad()) return out;
-  return Regather::apply(reinterpret_cast<int64_t>(this), ui, out)[0];
+  at::Tensor h = out;
+  for (int64_t ui : block_units_[static_cast<size_t>(block)]) {
+    Unit& u = *units_[static_cast<size_t>(ui)];
+    if (!u.reshard_after_forward || u.full.empty()) continue;
+    release(u);
+    if (at::GradMode::is_enabled() && h.requires_grad())
+      h = Regather::apply(reinterpret_cast<int64_t>(this), ui, h)[0];
+  }
+  return h;
 }
 
 void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
