@@ -61,8 +61,14 @@ at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty())
     return at::zeros({}, params.empty() ? at::TensorOptions() : params[0].options());
-  auto norms = at::_foreach_norm(grads, 2);
-  return at::stack(norms).to(at::kFloat).pow(2).sum();
+  // CPU kernels accumulate fp32 norms with a relative error near 1e-4 on embedding-sized
+  // tensors, which would make the same gradients report different norms under different
+  // shardings; fp64 accumulation there. CUDA's tree reductions are accurate in fp32.
+  const bool cpu = grads[0].is_cpu();
+  auto norms = at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble)
+                                               : std::nullopt);
+  at::Tensor n = at::stack(norms);
+  return (cpu ? n.pow(2).sum() : n.to(at::kFloat).pow(2).sum()).to(at::kFloat);
 }
 
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
