@@ -65,8 +65,8 @@ at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {
   // tensors, which would make the same gradients report different norms under different
   // shardings; fp64 accumulation there. CUDA's tree reductions are accurate in fp32.
   const bool cpu = grads[0].is_cpu();
-  auto norms = at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble)
-                                               : std::nullopt);
+  auto norms =
+      at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble) : std::nullopt);
   at::Tensor n = at::stack(norms);
   return (cpu ? n.pow(2).sum() : n.to(at::kFloat).pow(2).sum()).to(at::kFloat);
 }

@@ -211,7 +211,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     auto* moe = dynamic_cast<MoETransformer*>(model.get());
     if (!moe)
       throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) + ": model " +
-                      cfg.model.name + " has no experts; allowed: 1 (or an MoE model: llama4, "
+                      cfg.model.name +
+                      " has no experts; allowed: 1 (or an MoE model: llama4, "
                       "deepseek_v3)");
     const int64_t E = moe->num_experts();
     if (E % ep != 0)
@@ -224,11 +225,9 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       ExpertParallel e;
       e.size = ep;
       e.rank = mesh->ep_index;
-      e.all_to_all = [g = mesh->ep_group.get()](at::Tensor& out, const at::Tensor& in,
-                                                const std::vector<int64_t>& os,
-                                                const std::vector<int64_t>& is) {
-        g->all_to_all(out, in, os, is);
-      };
+      e.all_to_all = [g = mesh->ep_group.get()](
+                         at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& os,
+                         const std::vector<int64_t>& is) { g->all_to_all(out, in, os, is); };
       moe->set_expert_parallel(e);
     }
   }

@@ -214,7 +214,8 @@ at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor&
       for (int64_t i = 0; i < c[E + r * El + j]; ++i) perm.push_back(s + i);
     }
   std::vector<int64_t> inv(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < perm.size(); ++i)
+    inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
   const auto idx_opts = at::TensorOptions().dtype(at::kLong);
   at::Tensor perm_t = at::tensor(perm, idx_opts).to(x_sorted.device());
   at::Tensor inv_t = at::tensor(inv, idx_opts).to(x_sorted.device());
@@ -222,9 +223,9 @@ at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor&
   // 5. The local experts.
   at::Tensor y_local;
   if (backend == ExpertsBackend::GroupedMM) {
-    at::Tensor ids = at::repeat_interleave(
-        at::arange(El, idx_opts.device(x_sorted.device())),
-        at::tensor(local_counts, idx_opts).to(x_sorted.device()));
+    at::Tensor ids =
+        at::repeat_interleave(at::arange(El, idx_opts.device(x_sorted.device())),
+                              at::tensor(local_counts, idx_opts).to(x_sorted.device()));
     Dispatch dl = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(backend));
     y_local = grouped_experts(x_local, w1, w2, w3, dl);
   } else {

@@ -70,7 +70,7 @@ class FullyShardedDataParallel : public GradSync {
   FsdpOptions opts_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::pair<int64_t, int64_t>> where_;  // param -> (unit, position in unit)
-  std::vector<std::vector<int64_t>> block_units_;  // block -> its units
+  std::vector<std::vector<int64_t>> block_units_;   // block -> its units
   std::unique_ptr<DataParallel> replicate_sync_;    // HSDP
 };
 

@@ -46,6 +46,12 @@ timeout 120 ./build-gpu/titan-train --config configs/deepseek_v3_debug.toml --tr
   --training.local_batch_size 8 --training.seq_len 512 --metrics.log_freq 10 \
   --validation.enable false --job.dump_folder "$out/ds" 2>&1 | grep -E "=>|backend|step:|error" | tee "$out/ds.log"
 
+step "NCCL: a world_size=1 process group through torchrun (the data-parallel path: store, config hash, broadcast, bucketed all-reduce over NCCL)"
+timeout 120 "$venv/bin/torchrun" --standalone --nproc_per_node 1 --no-python ./build-gpu/titan-train \
+  --config configs/llama3_debug.toml --training.steps 20 --training.local_batch_size 8 \
+  --training.seq_len 512 --metrics.log_freq 5 --validation.enable false \
+  --job.dump_folder "$out/nccl1" 2>&1 | grep -E "process group|world_size|memory:|step:|error" | tee "$out/nccl1.log"
+
 step "benchmark: one MoE layer, loop vs grouped_mm, forward+backward, bf16"
 TITAN_SKIP_BUILD=1 TITAN_BUILD_DIR=build-gpu timeout 90 bash scripts/bench_moe.sh 2>&1 | tail -15 | tee "$out/bench_moe.log"
 

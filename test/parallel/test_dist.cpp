@@ -1,6 +1,7 @@
-// Multi-process data parallelism through the binary: 2-rank DDP against 1 rank on the same
-// global batch, a dead or hung peer, a config that differs between ranks, and degrees that
-// do not match the world size.
+// Multi-process training through the binary: DDP, FSDP and HSDP against 1 rank on the same
+// global batch (losses, gradient norms, memory per rank), expert parallelism, a dead or hung
+// peer, a config that differs between ranks, bad degrees, and FSDP checkpoints resharded
+// onto other world sizes.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -88,43 +89,141 @@ Rank spawn_rank(int rank, int world, int port, const std::string& args, const st
   return r;
 }
 
+// The ratio printed by "=> memory: parameters + AdamW state on this rank ... (ratio R)".
+double memory_ratio(const std::string& log) {
+  const std::string key = "for the whole model (ratio ";
+  const auto at = log.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(log.substr(at + key.size()));
+}
+
+test::CmdResult torchrun_train(int nproc, const std::string& args) {
+  return test::run("cd " + test::source_dir() + " && " + torchrun() +
+                   " --standalone --nproc_per_node " + std::to_string(nproc) + " --no-python " +
+                   test::binary() + " " + args);
+}
+
+test::CmdResult single_train(const std::string& args) {
+  return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() +
+                   " " + args);
+}
+
 }  // namespace
 
-TEST_CASE("DDP on 2 ranks matches 1 rank on the same global batch", "[dist][app][slow]") {
-  // With dp = 2 and local batch 2, rank r takes windows r, r + 2 of each group of four in the
-  // epoch's order (the order does not depend on dp); one rank with local batch 4 takes the
-  // same four windows. The loss is normalized by the global token count in both, so the
-  // summed gradients and the logged mean loss are the same quantities.
-  test::TempDir one("ddp1"), two("ddp2");
+TEST_CASE("layouts 1 rank and DDP 2 and FSDP 2 and HSDP 2x2 agree over 20 steps",
+          "[dist][app][slow]") {
+  // The same global batch of 4 sequences on every layout: rank r of dp takes windows r,
+  // r + dp, ... of each group of four in the epoch's order (the order does not depend on dp),
+  // and the loss is normalized by the global token count, so the summed gradients and the
+  // logged mean loss are the same quantities. FSDP gathers the same full weights and
+  // reduce-scatters the same sums; HSDP adds an all-reduce over the 2 replicas.
+  struct Layout {
+    const char* name;
+    int nproc;
+    std::string flags;
+    double memory;  // expected parameter + optimizer memory per rank, as a fraction
+    const char* describes;
+  };
+  const std::vector<Layout> layouts = {
+      {"ddp2", 2,
+       "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
+       "--parallelism.data_parallel_shard_degree 1",
+       1.0, "DDP (replicated)"},
+      {"fsdp2", 2, "--training.local_batch_size 2", 0.5, "FSDP, dp_replicate 1 x dp_shard 2"},
+      {"hsdp22", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2",
+       0.5, "HSDP, dp_replicate 2 x dp_shard 2"},
+  };
   const std::string common = kSmall + "--training.steps 20 --debug.seed 3 ";
-  auto r1 = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
-                      test::binary() + " " + common + "--training.local_batch_size 4 " +
-                      "--job.dump_folder " + one.path.string());
+  test::TempDir one("layout1");
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
   INFO(r1.out);
   REQUIRE(r1.rc == 0);
-  auto r2 =
-      test::run("cd " + test::source_dir() + " && " + torchrun() +
-                " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " + common +
-                "--training.local_batch_size 2 --job.dump_folder " + two.path.string());
-  INFO(r2.out);
-  REQUIRE(r2.rc == 0);
-  CHECK_THAT(r2.out, Contains("process group: gloo, 2 ranks, launched by torchrun"));
-  CHECK_FALSE(fs::exists(two.file("metrics_rank1.jsonl")));  // only rank 0 writes metrics
-  auto a = read_metrics(one.file("metrics.jsonl"));
-  auto b = read_metrics(two.file("metrics.jsonl"));
-  REQUIRE(a.size() == 20);
-  REQUIRE(b.size() == 20);
-  double worst_loss = 0, worst_norm = 0;
-  for (auto& [step, s] : a) {
-    const Step& t = b.at(step);
-    worst_loss = std::max(worst_loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
-    worst_norm = std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
-    CHECK(t.loss_max >= t.loss - 1e-6);  // the worst rank's mean bounds the global mean
+  CHECK(memory_ratio(r1.out) == Approx(1.0));
+  auto ref = read_metrics(one.file("metrics.jsonl"));
+  REQUIRE(ref.size() == 20);
+  for (const Layout& l : layouts) {
+    DYNAMIC_SECTION(l.name) {
+      test::TempDir dir(l.name);
+      auto r =
+          torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains(l.describes));
+      CHECK_THAT(r.out, Contains("process group: gloo, " + std::to_string(l.nproc) +
+                                 " ranks, launched by torchrun"));
+      CHECK_FALSE(fs::exists(dir.file("metrics_rank1.jsonl")));  // only rank 0 writes metrics
+      // Measured from the tensors' storage on rank 0: parameters, exp_avg and exp_avg_sq.
+      const double mem = memory_ratio(r.out);
+      CHECK(mem >= l.memory * 0.999);
+      CHECK(mem <= l.memory * 1.02);  // padding rows of dims that do not divide evenly
+      auto m = read_metrics(dir.file("metrics.jsonl"));
+      REQUIRE(m.size() == 20);
+      double worst_loss = 0, worst_norm = 0;
+      for (auto& [step, s] : ref) {
+        const Step& t = m.at(step);
+        worst_loss = std::max(worst_loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
+        worst_norm =
+            std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
+        CHECK(t.loss_max >= t.loss - 1e-6);  // the worst rank's mean bounds the global mean
+      }
+      WARN(l.name << " vs 1 rank, max relative difference over 20 steps: loss " << worst_loss
+                  << ", grad norm " << worst_norm << "; memory per rank " << mem);
+      CHECK(worst_loss < 1e-5);
+      CHECK(worst_norm < 1e-5);
+    }
   }
-  WARN("max relative difference over 20 steps: loss " << worst_loss << ", grad norm "
-                                                      << worst_norm);
-  CHECK(worst_loss < 1e-5);
-  CHECK(worst_norm < 1e-5);
+}
+
+TEST_CASE("expert parallelism ep 1 and 2 and 4 at dp_shard 4 give the same losses",
+          "[dist][app][slow][moe]") {
+  // deepseek_v3 debugmodel (8 experts) on 4 ranks. ep = 2: each rank holds 4 experts,
+  // FSDP-sharded over 2 ranks; ep = 4: 2 experts each, unsharded. Tokens travel to their
+  // experts' ranks by all-to-all and come back in order, so every token meets the same
+  // weights; only the per-expert GEMMs see different row counts.
+  const std::string common =
+      "--config configs/deepseek_v3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
+      "--validation.enable false --metrics.enable_tensorboard false --training.steps 4 "
+      "--debug.seed 3 --training.local_batch_size 1 ";
+  std::map<int, std::map<int64_t, Step>> runs;
+  for (int ep : {1, 2, 4}) {
+    test::TempDir dir("ep" + std::to_string(ep));
+    auto r = torchrun_train(4, common + "--parallelism.expert_parallel_degree " +
+                                   std::to_string(ep) + " --job.dump_folder " + dir.path.string());
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out,
+               Contains("(ep " + std::to_string(ep) + " x efsdp " + std::to_string(4 / ep) + ")"));
+    runs[ep] = read_metrics(dir.file("metrics.jsonl"));
+    REQUIRE(runs[ep].size() == 4);
+  }
+  double worst = 0, worst_norm = 0;
+  for (int ep : {2, 4})
+    for (auto& [step, s] : runs[1]) {
+      const Step& t = runs[ep].at(step);
+      worst = std::max(worst, std::abs(s.loss - t.loss) / s.loss);
+      worst_norm = std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / s.grad_norm);
+    }
+  WARN("ep 2 and 4 vs ep 1 over 4 steps: max relative loss difference " << worst << ", grad norm "
+                                                                        << worst_norm);
+  CHECK(worst < 1e-6);
+  CHECK(worst_norm < 1e-6);
+}
+
+TEST_CASE("an expert-parallel degree that does not divide the experts exits 2",
+          "[dist][app][moe]") {
+  test::TempDir dir("epbad");
+  // 3 ranks, dp_shard 3, ep 3: the degrees fit the world but 8 experts do not split in 3.
+  auto r = torchrun_train(3,
+                          "--config configs/deepseek_v3_debug.toml --training.seq_len 64 "
+                          "--validation.enable false --training.steps 1 "
+                          "--training.local_batch_size 1 "
+                          "--parallelism.expert_parallel_degree 3 --job.dump_folder " +
+                              dir.path.string());
+  INFO(r.out);
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.out, Contains("expert_parallel_degree = 3 does not divide the 8 experts"));
+  CHECK_THAT(r.out, Contains("exitcode  : 2"));
 }
 
 TEST_CASE("a dead or hung rank makes the others exit non-zero within the timeout",
@@ -199,46 +298,68 @@ TEST_CASE("parallel degrees whose product is not the world size exit 2 under tor
   CHECK_THAT(r.out, Contains("exitcode  : 2"));
 }
 
-TEST_CASE("a 2-rank checkpoint resumes on 2 ranks and on 1 rank", "[dist][app][slow]") {
-  // Run A saves step 5 and trains on to 10. Resuming A's step-5 checkpoint must reproduce
-  // steps 6..10: exactly on 2 ranks, and on 1 rank with the same global batch (the saved
-  // loader position, recorded at dp = 2, is rescaled to dp = 1).
-  test::TempDir a("ddpckA"), b("ddpckB"), c("ddpckC");
+TEST_CASE("an FSDP checkpoint of 2 ranks resumes on 2 and reshards onto 1 and 4 ranks",
+          "[dist][app][slow][checkpoint]") {
+  // Run A (FSDP on 2 ranks) saves step 5 and trains on to 10. Each rank writes its own rows;
+  // metadata.json maps the rows. Resuming A's step-5 checkpoint must reproduce steps 6..10:
+  // exactly on 2 ranks, and with the same global batch on 1 rank (whole tensors assembled
+  // from both files) and on 4 ranks (each rank reads half of one rank's rows).
+  test::TempDir a("fsdpckA"), b("fsdpckB"), c("fsdpckC"), d("fsdpckD");
   const std::string common = kSmall +
                              "--training.steps 10 --checkpoint.enable true "
                              "--checkpoint.interval 5 --checkpoint.keep_latest_k 0 ";
-  auto ddp = [&](const std::string& dump) {
-    return test::run("cd " + test::source_dir() + " && " + torchrun() +
-                     " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " +
-                     common + "--training.local_batch_size 2 --job.dump_folder " + dump);
+  auto fsdp = [&](int n, const std::string& dump) {
+    return torchrun_train(n, common + "--training.local_batch_size " + std::to_string(4 / n) +
+                                 " --job.dump_folder " + dump);
   };
-  auto ra = ddp(a.path.string());
+  auto ra = fsdp(2, a.path.string());
   INFO(ra.out);
   REQUIRE(ra.rc == 0);
   REQUIRE(fs::exists(a.file("checkpoint/step-5/rank-00000.safetensors")));
-  CHECK_FALSE(fs::exists(a.file("checkpoint/step-5/rank-00001.safetensors")));
-  for (auto* d : {&b, &c}) {
-    fs::create_directories(d->file("checkpoint"));
-    fs::copy(a.file("checkpoint/step-5"), d->file("checkpoint/step-5"),
+  REQUIRE(fs::exists(a.file("checkpoint/step-5/rank-00001.safetensors")));
+  CHECK_FALSE(fs::exists(a.file("checkpoint/step-5/rank-00000.safetensors.json")));  // merged
+  auto meta = nlohmann::json::parse(test::read_file(a.file("checkpoint/step-5/metadata.json")));
+  const auto& wq = meta["tensors"]["model/layers.0.attention.wq.weight"];
+  CHECK(wq["shape"] == nlohmann::json::array({256, 256}));
+  REQUIRE(wq["shards"].size() == 2);
+  CHECK(wq["shards"][1]["dim0_offset"] == 128);
+  CHECK(wq["shards"][1]["file"] == "rank-00001.safetensors");
+  for (auto* t : {&b, &c, &d}) {
+    fs::create_directories(t->file("checkpoint"));
+    fs::copy(a.file("checkpoint/step-5"), t->file("checkpoint/step-5"),
              fs::copy_options::recursive);
   }
-  auto rb = ddp(b.path.string());
+  auto rb = fsdp(2, b.path.string());
   INFO(rb.out);
   REQUIRE(rb.rc == 0);
-  auto rc = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
-                      test::binary() + " " + common +
-                      "--training.local_batch_size 4 --job.dump_folder " + c.path.string());
+  auto rc =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + c.path.string());
   INFO(rc.out);
   REQUIRE(rc.rc == 0);
+  auto rd = fsdp(4, d.path.string());
+  INFO(rd.out);
+  REQUIRE(rd.rc == 0);
+  const double mem4 = memory_ratio(rd.out);  // 1/4 on 4 ranks (plus padding)
+  CHECK(mem4 >= 0.25 * 0.999);
+  CHECK(mem4 <= 0.25 * 1.02);
   auto ma = read_metrics(a.file("metrics.jsonl"));
   auto mb = read_metrics(b.file("metrics.jsonl"));
   auto mc = read_metrics(c.file("metrics.jsonl"));
+  auto md = read_metrics(d.file("metrics.jsonl"));
+  CHECK_FALSE(mb.count(5));  // resumed after step 5
+  double worst = 0;
   for (int64_t step = 6; step <= 10; ++step) {
     INFO("step " << step);
     REQUIRE(mb.count(step));
     REQUIRE(mc.count(step));
+    REQUIRE(md.count(step));
     CHECK(mb[step].loss == ma[step].loss);
-    CHECK(std::abs(mc[step].loss - ma[step].loss) / ma[step].loss < 1e-5);
+    worst = std::max({worst, std::abs(mc[step].loss - ma[step].loss) / ma[step].loss,
+                      std::abs(md[step].loss - ma[step].loss) / ma[step].loss});
   }
-  CHECK_FALSE(mb.count(5));  // resumed after step 5
+  WARN("resharded 2 -> 1 and 2 -> 4 ranks: max relative loss difference " << worst
+                                                                          << " over steps 6..10");
+  CHECK(worst < 1e-5);
+  CHECK(std::abs(mc[6].loss - ma[6].loss) / ma[6].loss < 1e-6);  // the next step
+  CHECK(std::abs(md[6].loss - ma[6].loss) / ma[6].loss < 1e-6);
 }
