@@ -23,6 +23,10 @@ struct FullyShardedDataParallel::Unit {
   std::vector<int64_t> chunk_rows;               // rows per rank (ceil(rows / group size))
   std::vector<int64_t> chunk_numel;              // chunk_rows x the other dims
   int64_t chunk_total = 0;                       // sum of chunk_numel: one rank's flat share
+  int64_t next = -1;  // the unit whose all-gather is started when this one is gathered
+  // A started all-gather of this unit (prefetch): the receive buffer and its wait.
+  at::Tensor prefetch_send, prefetch_recv;
+  std::function<void()> prefetch_wait;
   // Live state of the current forward.
   std::vector<at::Tensor> full;  // the gathered weights handed to the model (autograd outputs)
   std::vector<bool> handed;      // returned by weight() since the last gather
@@ -166,6 +170,22 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
     p.dim0_rows = valid;
     p.value = shard.requires_grad_(true);
   }
+  // Forward order: embeddings, blocks in order (a block's own units, then the next block's),
+  // then the head. Each unit prefetches the next one of its own process group.
+  std::vector<int64_t> order;
+  if (by_name.count("tok_embeddings"))
+    order.push_back(static_cast<int64_t>(by_name["tok_embeddings"]));
+  for (auto& b : block_units_)
+    for (int64_t ui : b) order.push_back(ui);
+  if (by_name.count("head")) order.push_back(static_cast<int64_t>(by_name["head"]));
+  if (opts.prefetch)
+    for (size_t a = 0; a < order.size(); ++a)
+      for (size_t b = a + 1; b < order.size(); ++b)
+        if (units_[static_cast<size_t>(order[b])]->group ==
+            units_[static_cast<size_t>(order[a])]->group) {
+          units_[static_cast<size_t>(order[a])]->next = order[b];
+          break;
+        }
   if (mesh.replicate > 1) {
     std::vector<at::Tensor> shards;
     for (auto& p : params) shards.push_back(p.value);
@@ -187,10 +207,28 @@ int64_t FullyShardedDataParallel::num_units() const {
 std::string FullyShardedDataParallel::describe() const {
   std::ostringstream os;
   os << units_.size() << " units, " << (opts_.reshard_after_forward ? "" : "no ")
-     << "reshard after forward, all-gather in " << c10::toString(opts_.param_dtype)
-     << ", reduce-scatter in " << c10::toString(opts_.reduce_dtype);
+     << "reshard after forward, " << (opts_.prefetch ? "" : "no ") << "prefetch, all-gather in "
+     << c10::toString(opts_.param_dtype) << ", reduce-scatter in "
+     << c10::toString(opts_.reduce_dtype);
   if (replicate_sync_) os << ", then an all-reduce over " << mesh_.replicate << " replicas";
   return os.str();
+}
+
+at::Tensor FullyShardedDataParallel::pack(const Unit& u, const std::vector<at::Tensor>& shards) {
+  std::vector<at::Tensor> flat;
+  for (auto& s : shards) flat.push_back(s.detach().reshape({-1}));
+  return at::cat(flat).to(opts_.param_dtype);
+}
+
+void FullyShardedDataParallel::prefetch(Unit& u) {
+  if (u.prefetch_wait) return;
+  at::NoGradGuard ng;
+  std::vector<at::Tensor> shards;
+  for (int64_t i : u.params) shards.push_back(model_.params()[i].value);
+  u.prefetch_send = pack(u, shards);
+  u.prefetch_recv =
+      at::empty({u.group->size() * u.chunk_total}, u.prefetch_send.options().requires_grad(false));
+  u.prefetch_wait = u.group->all_gather_start(u.prefetch_recv, u.prefetch_send);
 }
 
 void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor>& shards,
@@ -198,11 +236,17 @@ void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor
   at::NoGradGuard ng;
   const int64_t n = u.group->size();
   const auto opt = shards[0].options().dtype(opts_.param_dtype).requires_grad(false);
-  std::vector<at::Tensor> flat;
-  for (auto& s : shards) flat.push_back(s.detach().reshape({-1}));
-  at::Tensor send = at::cat(flat).to(opts_.param_dtype);
-  at::Tensor recv = at::empty({n * u.chunk_total}, opt);
-  u.group->all_gather(recv, send);
+  at::Tensor recv;
+  if (u.prefetch_wait && !refill) {  // started while the previous block computed
+    u.prefetch_wait();
+    recv = u.prefetch_recv;
+    u.prefetch_wait = nullptr;
+    u.prefetch_send = u.prefetch_recv = at::Tensor();
+  } else {
+    at::Tensor send = pack(u, shards);
+    recv = at::empty({n * u.chunk_total}, opt);
+    u.group->all_gather(recv, send);
+  }
   at::Tensor grid = recv.view({n, u.chunk_total});  // row r: rank r's shards, concatenated
   if (!refill) {
     u.full.clear();
@@ -279,6 +323,9 @@ at::Tensor FullyShardedDataParallel::weight(int64_t i) {
     } else {
       gather_into(u, shards, /*refill=*/false);
     }
+    // Start the next unit's all-gather now, so it overlaps this block's compute. Every rank
+    // runs the same forward, so the collectives stay in the same order on every rank.
+    if (u.next >= 0) prefetch(*units_[static_cast<size_t>(u.next)]);
   }
   u.handed[static_cast<size_t>(k)] = true;
   return u.full[static_cast<size_t>(k)];

@@ -34,6 +34,7 @@ struct FsdpOptions {
   at::ScalarType param_dtype = at::kFloat;   // dtype of the all-gather and of compute
   at::ScalarType reduce_dtype = at::kFloat;  // dtype of the gradient reduce-scatter
   bool reshard_after_forward = true;         // blocks only; the root units stay gathered
+  bool prefetch = true;                      // start the next unit's all-gather early
 };
 
 class FullyShardedDataParallel : public GradSync {
@@ -61,6 +62,8 @@ class FullyShardedDataParallel : public GradSync {
   struct Regather;
   at::Tensor weight(int64_t i);
   at::Tensor after_block(int64_t block, const at::Tensor& out);
+  at::Tensor pack(const Unit& u, const std::vector<at::Tensor>& shards);
+  void prefetch(Unit& u);
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
   std::vector<at::Tensor> reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
   void release(Unit& u);

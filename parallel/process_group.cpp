@@ -22,6 +22,9 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;  // null for a one-rank sub-group
   std::chrono::milliseconds init_timeout{0}, train_timeout{0};
+  // Every wait is bounded by this (init_timeout until start_training, then train_timeout):
+  // some gloo collectives are composites whose inner wait has no timeout of its own.
+  std::chrono::milliseconds op_timeout{0};
   bool cuda = false;
   bool loopback = false;  // gloo over 127.0.0.1 (one node)
   int64_t global_rank = 0;
@@ -67,6 +70,7 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, const CommSection& comm, bool c
     : impl_(std::make_unique<Impl>()), rank_(env.rank), size_(env.world_size) {
   impl_->init_timeout = std::chrono::seconds(comm.init_timeout_seconds);
   impl_->train_timeout = std::chrono::seconds(comm.train_timeout_seconds);
+  impl_->op_timeout = impl_->init_timeout;
   if (env.master_port < 1 || env.master_port > 65535)
     throw UserError("MASTER_PORT=" + std::to_string(env.master_port) +
                     " is not a TCP port; allowed: 1..65535");
@@ -181,6 +185,7 @@ void ProcessGroup::check_same_config(uint64_t hash) {
 
 void ProcessGroup::start_training() {
   if (impl_->backend) impl_->backend->setTimeout(impl_->train_timeout);
+  impl_->op_timeout = impl_->train_timeout;
   impl_->store->setTimeout(impl_->train_timeout);
 }
 
@@ -190,7 +195,8 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-    impl_->backend->allreduce(v, o)->wait();
+    impl_->backend->allreduce(v, o)->wait(impl_->cuda ? std::chrono::milliseconds(0)
+                                                      : impl_->op_timeout);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-reduce", e);
   }
@@ -202,7 +208,8 @@ void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    impl_->backend->broadcast(v, o)->wait();
+    impl_->backend->broadcast(v, o)->wait(impl_->cuda ? std::chrono::milliseconds(0)
+                                                      : impl_->op_timeout);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "broadcast", e);
   }
@@ -211,22 +218,47 @@ void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
 void ProcessGroup::barrier() {
   if (!impl_->backend) return;
   try {
-    impl_->backend->barrier()->wait();
+    impl_->backend->barrier()->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "barrier", e);
   }
 }
 
 void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& in) {
+  all_gather_start(out, in)();
+}
+
+std::function<void()> ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
               "all_gather: out must hold size() x in.numel() contiguous elements");
   if (!impl_->backend) {
     out.view(in.sizes()).copy_(in);
-    return;
+    return [] {};
   }
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
-    impl_->backend->_allgather_base(dst, src)->wait();
+    c10::intrusive_ptr<c10d::Work> work;
+    if (impl_->cuda) {
+      work = impl_->backend->_allgather_base(dst, src);
+    } else {
+      // gloo: the native allgather (its own timeout) into views of the output.
+      std::vector<std::vector<at::Tensor>> outs(1);
+      for (int64_t r = 0; r < size_; ++r)
+        outs[0].push_back(dst.narrow(0, r * src.numel(), src.numel()));
+      std::vector<at::Tensor> ins{src};
+      work = impl_->backend->allgather(outs, ins);
+    }
+    const int64_t rank = impl_->global_rank;
+    // NCCL: wait() only orders the current stream after the collective (its watchdog
+    // enforces the timeout); a bounded wait would block the host. gloo: bounded.
+    const auto timeout = impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout;
+    return [work, rank, timeout] {
+      try {
+        work->wait(timeout);
+      } catch (const std::exception& e) {
+        die(rank, "all-gather", e);
+      }
+    };
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-gather", e);
   }
@@ -239,11 +271,20 @@ void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
     out.copy_(in.view(out.sizes()));
     return;
   }
+  if (!impl_->cuda) {
+    // gloo's reduce-scatter is an all-reduce plus a copy whose inner wait ignores timeouts
+    // (a hung peer would hang us); the same all-reduce through our bounded path.
+    at::Tensor sum = in.reshape({-1}).clone();
+    allreduce(sum, ReduceOp::Sum);
+    out.view({-1}).copy_(sum.narrow(0, rank_ * out.numel(), out.numel()));
+    return;
+  }
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
-    impl_->backend->_reduce_scatter_base(dst, src, o)->wait();
+    impl_->backend->_reduce_scatter_base(dst, src, o)
+        ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "reduce-scatter", e);
   }
@@ -259,7 +300,8 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
-    impl_->backend->alltoall_base(out, src, os, is)->wait();
+    impl_->backend->alltoall_base(out, src, os, is)
+        ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-to-all", e);
   }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ class ProcessGroup {
   void barrier();
   // out (size() * in.numel(), contiguous) = the concatenation of every rank's `in`.
   void all_gather(at::Tensor& out, const at::Tensor& in);
+  // all_gather, started and not waited for: the returned function waits (once). On NCCL
+  // the collective runs on NCCL's own stream and waiting only orders the current stream
+  // after it; on gloo it runs in the backend's worker thread. `out` and `in` must stay alive.
+  std::function<void()> all_gather_start(at::Tensor& out, const at::Tensor& in);
   // out (in.numel() / size()) = the sum over ranks of this rank's chunk of `in`.
   void reduce_scatter(at::Tensor& out, const at::Tensor& in);
   // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
