@@ -262,16 +262,12 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   // rescales it.
   Checkpointer ckpt(cfg, 0, 1, d.dp_degree);
   TrainingState state{model.get(), &opt, &loader, 0, 0};
-  auto* llama = dynamic_cast<Llama3*>(model.get());
   const auto& cc = cfg.checkpoint;
-  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf) && !llama)
-    throw UserError(
-        "checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face weights are "
-        "supported for model.name = \"llama3\" only in this version; found \"" +
-        cfg.model.name + "\"");
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+    require_hf_supported(*model, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
       Checkpointer::complete_steps(ckpt.root()).empty()) {
-    import_llama3_hf(*llama, cc.initial_load_path);
+    import_model_hf(*model, cc.initial_load_path);
     log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
   } else if (cc.enable) {
     std::string what = ckpt.load(state);
@@ -392,11 +388,11 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (cfg.checkpoint.enable && state.step == cfg.training.steps)
     save(cfg.checkpoint.last_save_model_only);
   ckpt.wait();
-  if (cc.enable && cc.last_save_in_hf && llama && launch.rank == 0) {
+  if (cc.enable && cc.last_save_in_hf && launch.rank == 0) {
     const std::string dir = ckpt.root() + "/step-" + std::to_string(state.step) + "-hf";
     HfExportOptions o;
     o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
-    if (!std::filesystem::exists(dir)) export_llama3_hf(*llama, dir, o);
+    if (!std::filesystem::exists(dir)) export_model_hf(*model, dir, o);
     log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
   }
   // Rank 0 hosts the store: nobody leaves while a peer may still be in a collective.
