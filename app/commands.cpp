@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+#include <set>
 #include <string>
 
 #include "core/data.h"
@@ -10,6 +12,7 @@
 #include "core/safetensors.h"
 #include "core/tokenizer.h"
 #include "core/trainer.h"
+#include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
 
@@ -46,31 +49,46 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// Our parameters from a flat safetensors file of our names (what save_safetensors writes for
-// the model's parameters): every parameter present with its shape and a floating dtype, and
-// nothing else, all checked before any parameter changes.
-void load_params_file(ParamStore& params, const std::string& path) {
+// The model's HF tensors (hf_tensors: its parameters, plus deepseek_v3's expert biases) from a
+// flat safetensors file of our names, the file --to-safetensors writes: every tensor present
+// with its shape and a floating dtype, and nothing else, all checked before any tensor changes.
+void load_tensors_file(const NamedTensors& tensors, const std::string& path) {
   SafetensorsFile f = SafetensorsFile::open(path);
-  for (auto& p : params.all()) {
-    if (!f.contains(p.name))
-      throw UserError(path + " has no tensor '" + p.name + "' (shape " +
-                      shape_text(p.value.sizes().vec()) + ")");
-    const SafetensorsEntry& e = f.entry(p.name);
-    if (e.shape != p.value.sizes().vec())
-      throw UserError(path + ": tensor '" + p.name + "' has shape " + shape_text(e.shape) +
-                      "; expected " + shape_text(p.value.sizes().vec()));
+  std::set<std::string> names;
+  for (auto& [name, t] : tensors) {
+    names.insert(name);
+    if (!f.contains(name))
+      throw UserError(path + " has no tensor '" + name + "' (shape " + shape_text(t.sizes().vec()) +
+                      ")");
+    const SafetensorsEntry& e = f.entry(name);
+    if (e.shape != t.sizes().vec())
+      throw UserError(path + ": tensor '" + name + "' has shape " + shape_text(e.shape) +
+                      "; expected " + shape_text(t.sizes().vec()));
     if (!at::isFloatingType(e.dtype))
-      throw UserError(path + ": tensor '" + p.name + "' has dtype " +
+      throw UserError(path + ": tensor '" + name + "' has dtype " +
                       safetensors_dtype_name(e.dtype) +
                       "; expected a floating dtype (F64, F32, F16, BF16)");
   }
   for (auto& e : f.entries()) {
-    if (params.index_of(e.name) < 0)
+    if (!names.count(e.name))
       throw UserError(path + ": tensor '" + e.name +
-                      "' is not a parameter of this model; wrong model or flavor?");
+                      "' is not a tensor of this model; wrong model or flavor?");
   }
   at::NoGradGuard ng;
-  for (auto& p : params.all()) p.value.copy_(f.get(p.name));
+  for (auto& [name, t] : tensors) {
+    at::Tensor dst = t;
+    dst.copy_(f.get(name));
+  }
+}
+
+// The model to convert through, allocated but not initialized: every tensor is overwritten
+// from the input. seq_len only matters for deepseek_v3's config.json (YaRN above 4096).
+std::unique_ptr<Model> convert_model(const std::string& name, const std::string& flavor,
+                                     int64_t seq_len) {
+  if (name == "llama3") return std::make_unique<Llama3>(llama3_flavor(flavor), at::kCPU);
+  DeepSeekV3Args a = deepseek_v3_flavor(flavor);
+  a.max_seq_len = seq_len;
+  return std::make_unique<DeepSeekV3>(a, at::kCPU);
 }
 
 // titan-train convert-hf: Hugging Face folder <-> flat safetensors of our parameter names.
@@ -79,7 +97,9 @@ int run_convert_hf(int argc, char** argv) {
       "titan-train convert-hf: convert weights between a Hugging Face folder and a safetensors "
       "file of titan-train parameter names"};
   std::string model = "llama3", flavor, from_hf, to_st, from_st, to_hf, dtype = "float32";
-  app.add_option("--model", model, "model family")->check(CLI::IsMember({"llama3"}));
+  int64_t seq_len = 2048;
+  app.add_option("--model", model, "model family: llama3 or deepseek_v3 (default llama3)")
+      ->check(CLI::IsMember(hf_supported_models()));
   app.add_option("--flavor", flavor, "model flavor (shapes)")->required();
   auto* o_from_hf = app.add_option("--from-hf", from_hf, "Hugging Face folder to read");
   auto* o_to_st = app.add_option("--to-safetensors", to_st, "safetensors file to write");
@@ -90,6 +110,11 @@ int run_convert_hf(int argc, char** argv) {
   auto* o_dtype = app.add_option("--dtype", dtype,
                                  "dtype of the tensors written to --to-hf: float32, bfloat16, "
                                  "float16 (--to-safetensors always writes float32)");
+  auto* o_seq_len =
+      app.add_option("--seq-len", seq_len,
+                     "deepseek_v3 only: the training sequence length, for config.json's RoPE "
+                     "(YaRN when above 4096; default 2048)")
+          ->check(CLI::PositiveNumber);
   o_from_hf->needs(o_to_st)->excludes(o_from_st)->excludes(o_to_hf);
   o_to_st->needs(o_from_hf);
   o_from_st->needs(o_to_hf);
@@ -108,19 +133,21 @@ int run_convert_hf(int argc, char** argv) {
         "convert-hf: give --from-hf DIR --to-safetensors FILE, or "
         "--from-safetensors FILE --to-hf DIR");
   const at::ScalarType export_dtype = hf_export_dtype(dtype, "convert-hf --dtype");
-  // Parameters are allocated, not initialized: every one is overwritten from the input.
-  Llama3 m(llama3_flavor(flavor), at::kCPU);
+  if (o_seq_len->count() > 0 && model != "deepseek_v3")
+    throw UserError("convert-hf: --seq-len is for --model deepseek_v3 only; found --model " +
+                    model);
+  std::unique_ptr<Model> m = convert_model(model, flavor, seq_len);
   if (!from_hf.empty()) {
-    import_llama3_hf(m, from_hf);
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (auto& p : m.params().all()) out.emplace_back(p.name, p.value.detach());
+    import_model_hf(*m, from_hf);
+    NamedTensors out;
+    for (auto& [name, t] : hf_tensors(*m)) out.emplace_back(name, t.detach());
     save_safetensors(to_st, out);
     log_info("convert-hf: " + from_hf + " -> " + to_st);
   } else {
-    load_params_file(m.params(), from_st);
+    load_tensors_file(hf_tensors(*m), from_st);
     HfExportOptions opts;
     opts.dtype = export_dtype;
-    export_llama3_hf(m, to_hf, opts);
+    export_model_hf(*m, to_hf, opts);
     log_info("convert-hf: " + from_st + " -> " + to_hf + " (" + dtype + ")");
   }
   return 0;

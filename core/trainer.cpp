@@ -195,14 +195,10 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   // Hugging Face weights initialize the whole model, before it is sharded.
   const bool hf_init = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
                        Checkpointer::complete_steps(ckpt_root).empty();
-  auto* llama = dynamic_cast<Llama3*>(model.get());
-  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf) && !llama)
-    throw UserError(
-        "checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face weights are "
-        "supported for model.name = \"llama3\" only in this version; found \"" +
-        cfg.model.name + "\"");
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+    require_hf_supported(*model, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init) {
-    import_llama3_hf(*llama, cc.initial_load_path);
+    import_model_hf(*model, cc.initial_load_path);
     log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
   }
 
@@ -466,29 +462,27 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (cfg.checkpoint.enable && state.step == cfg.training.steps)
     save(cfg.checkpoint.last_save_model_only);
   ckpt.wait();
-  std::vector<at::Tensor> hf_full;
-  if (cc.enable && cc.last_save_in_hf && llama) {
+  if (cc.enable && cc.last_save_in_hf) {
     const std::string dir = ckpt.root() + "/step-" + std::to_string(state.step) + "-hf";
-    if (sharded) {  // gather the whole model (a collective), rank 0 exports it
+    // Under FSDP the whole model is gathered (a collective) into an unsharded CPU copy on
+    // rank 0, which exports it; buffers (MoE expert biases) are replicated already.
+    std::unique_ptr<Model> whole;
+    if (sharded) {
+      if (launch.rank == 0) whole = build_model(cfg, at::kCPU);
+      at::NoGradGuard ng;
       for (size_t i = 0; i < model->params().all().size(); ++i) {
         at::Tensor full = sharded->full_param(static_cast<int64_t>(i));
-        if (launch.rank == 0) hf_full.push_back(full);
+        if (whole) whole->params().all()[i].value.copy_(full);
+      }
+      if (whole) {
+        auto src = model->buffers(), dst = whole->buffers();
+        for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
       }
     }
     if (launch.rank == 0) {
       HfExportOptions o;
       o.dtype = hf_export_dtype(cc.export_dtype, "checkpoint.export_dtype");
-      if (!std::filesystem::exists(dir)) {
-        if (sharded) {
-          auto full = build_model(cfg, at::kCPU);
-          at::NoGradGuard ng;
-          for (size_t i = 0; i < hf_full.size(); ++i)
-            full->params().all()[i].value.copy_(hf_full[i]);
-          export_llama3_hf(dynamic_cast<Llama3&>(*full), dir, o);
-        } else {
-          export_llama3_hf(*llama, dir, o);
-        }
-      }
+      if (!std::filesystem::exists(dir)) export_model_hf(whole ? *whole : *model, dir, o);
       log_info("checkpoint: Hugging Face weights (" + cc.export_dtype + ") in " + dir);
     }
   }

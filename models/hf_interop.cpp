@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <set>
@@ -121,6 +122,14 @@ NamedTensors named(const ParamStore& params) {
 
 }  // namespace
 
+namespace {
+
+const char* hf_dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+}
+
+}  // namespace
+
 at::ScalarType hf_export_dtype(const std::string& name, const std::string& what) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
@@ -207,7 +216,7 @@ void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
     size_t entry;
     size_t k;  // index into map[entry].hf
   };
-  const int64_t elem = static_cast<int64_t>(c10::elementSize(opts.dtype));
+  auto out_dtype = [&](const HfTensorMap& m) { return m.keep_fp32 ? at::kFloat : opts.dtype; };
   std::vector<std::vector<Item>> shards;
   int64_t shard_bytes = 0, total_bytes = 0;
   for (size_t i = 0; i < map.size(); ++i) {
@@ -215,7 +224,7 @@ void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     for (size_t k = 0; k < map[i].hf.size(); ++k) {
-      const int64_t bytes = numel * elem;
+      const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(out_dtype(map[i])));
       if (shards.empty() || (shard_bytes > 0 && shard_bytes + bytes > opts.max_shard_bytes)) {
         shards.emplace_back();
         shard_bytes = 0;
@@ -241,7 +250,7 @@ void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
         const HfTensorMap& m = map[it.entry];
         // Cast on the tensor's device first so only the exported dtype crosses to the host.
         at::Tensor t = to_hf_layout(m, ours[it.entry].detach())[it.k];
-        out.emplace_back(m.hf[it.k], t.to(opts.dtype).to(at::kCPU).contiguous());
+        out.emplace_back(m.hf[it.k], t.to(out_dtype(m)).to(at::kCPU).contiguous());
         placement.emplace_back(m.hf[it.k], file);
       }
       save_safetensors(tmp + "/" + file, out, {{"format", "pt"}});
@@ -345,7 +354,7 @@ HfFolder open_hf_folder(const std::string& dir) {
 }  // namespace
 
 void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
-               const std::string& dir_arg) {
+               const std::string& dir_arg, const HfSkip& skip) {
   validate_hf_map(map);
   const std::vector<at::Tensor> ours = match_tensors(tensors, map);
   const std::string dir = strip_slashes(dir_arg);
@@ -372,12 +381,20 @@ void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
                         "; expected a floating dtype (F64, F32, F16, BF16)");
     }
   }
+  size_t skipped = 0;
   for (auto& [name, file] : folder.where) {
-    if (!expected.count(name) && !ignorable_hf_tensor(name))
-      throw UserError("Hugging Face tensor '" + name + "' in " + file->path() +
-                      " is not part of this model (" + std::to_string(expected.size()) +
-                      " tensors expected); wrong model or flavor?");
+    if (expected.count(name) || ignorable_hf_tensor(name)) continue;
+    if (skip && skip(name)) {
+      ++skipped;
+      continue;
+    }
+    throw UserError("Hugging Face tensor '" + name + "' in " + file->path() +
+                    " is not part of this model (" + std::to_string(expected.size()) +
+                    " tensors expected); wrong model or flavor?");
   }
+  if (skipped > 0)
+    log_info("Hugging Face import from " + dir + ": skipped " + std::to_string(skipped) +
+             " tensors of modules this model does not have");
 
   at::NoGradGuard ng;
   for (size_t i = 0; i < map.size(); ++i) {
@@ -431,9 +448,6 @@ nlohmann::ordered_json llama3_hf_config(const Llama3Args& a, at::ScalarType dtyp
                     {"high_freq_factor", a.rope_scaling.high_freq_factor},
                     {"original_max_position_embeddings", a.rope_scaling.original_max_seq_len}};
   }
-  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16"
-                           : dtype == at::kHalf   ? "float16"
-                                                  : "float32";
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"hidden_size", a.dim},
@@ -452,7 +466,7 @@ nlohmann::ordered_json llama3_hf_config(const Llama3Args& a, at::ScalarType dtyp
           {"attention_bias", false},
           {"attention_dropout", 0.0},
           {"mlp_bias", false},
-          {"torch_dtype", dtype_name}};
+          {"torch_dtype", hf_dtype_name(dtype)}};
 }
 
 void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts) {
@@ -462,17 +476,17 @@ void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExpor
 
 namespace {
 
-// Weight shapes cannot tell a folder's head count from ours (dim 256 is 16 heads of 16 or 8
-// of 32), yet the q/k permutation depends on it; config.json can, so its structural fields
-// must agree. Fields that only change the computation, not the weights, warn.
-void check_llama3_hf_config(const Llama3Args& a, const std::string& dir_arg) {
+// `dir`/config.json as an object, or null when the folder (import_hf reports that) or the file
+// is missing (warned with `missing_means`). Unreadable JSON is a UserError.
+nlohmann::ordered_json read_hf_config(const std::string& dir_arg,
+                                      const std::string& missing_means) {
   const std::string dir = strip_slashes(dir_arg);
   const std::string path = dir + "/config.json";
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;  // import_hf reports the missing folder
+  if (!fs::is_directory(dir, ec)) return nullptr;
   if (!fs::exists(path, ec)) {
-    log_warn(path + " is missing: the folder's head counts cannot be checked against the model");
-    return;
+    log_warn(path + " is missing: " + missing_means);
+    return nullptr;
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -484,30 +498,56 @@ void check_llama3_hf_config(const Llama3Args& a, const std::string& dir_arg) {
     throw UserError(path + ": not valid JSON: " + e.what());
   }
   if (!cfg.is_object()) throw UserError(path + ": found " + cfg.dump() + "; expected an object");
-  const nlohmann::ordered_json want = llama3_hf_config(a, at::kFloat);
-  for (const char* key : {"hidden_size", "intermediate_size", "num_attention_heads",
-                          "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim"}) {
+  return cfg;
+}
+
+// Each of `keys` that config.json sets (not null) must equal `want`'s value.
+void require_same_fields(const nlohmann::ordered_json& cfg, const nlohmann::ordered_json& want,
+                         std::initializer_list<const char*> keys, const std::string& path) {
+  for (const char* key : keys) {
     if (cfg.contains(key) && !cfg[key].is_null() && cfg[key] != want[key])
       throw UserError(path + ": " + key + " = " + cfg[key].dump() + "; this model has " +
                       want[key].dump() + " (wrong flavor?)");
   }
-  auto number = [&](const nlohmann::ordered_json& v, double& out) {
-    if (!v.is_number()) return false;
-    out = v.get<double>();
-    return true;
-  };
-  double theta = 0, eps = 0;
-  const bool has_theta = (cfg.contains("rope_theta") && number(cfg["rope_theta"], theta)) ||
-                         (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() &&
-                          cfg["rope_parameters"].contains("rope_theta") &&
-                          number(cfg["rope_parameters"]["rope_theta"], theta));
-  if (has_theta && std::abs(theta - a.rope_theta) > 1e-9 * a.rope_theta)
+}
+
+bool json_number(const nlohmann::ordered_json& cfg, const char* key, double& out) {
+  if (!cfg.contains(key) || !cfg[key].is_number()) return false;
+  out = cfg[key].get<double>();
+  return true;
+}
+
+// rope_theta, top-level (transformers 4) or in rope_parameters (transformers 5).
+bool json_rope_theta(const nlohmann::ordered_json& cfg, double& out) {
+  return json_number(cfg, "rope_theta", out) ||
+         (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() &&
+          json_number(cfg["rope_parameters"], "rope_theta", out));
+}
+
+void warn_rope_theta_and_eps(const nlohmann::ordered_json& cfg, double rope_theta, double eps,
+                             const std::string& path) {
+  double theta = 0, e = 0;
+  if (json_rope_theta(cfg, theta) && std::abs(theta - rope_theta) > 1e-9 * rope_theta)
     log_warn(path + ": rope_theta = " + std::to_string(theta) + " but this model uses " +
-             std::to_string(a.rope_theta));
-  if (cfg.contains("rms_norm_eps") && number(cfg["rms_norm_eps"], eps) &&
-      std::abs(eps - a.norm_eps) > 1e-9 * a.norm_eps)
+             std::to_string(rope_theta));
+  if (json_number(cfg, "rms_norm_eps", e) && std::abs(e - eps) > 1e-9 * eps)
     log_warn(path + ": rms_norm_eps = " + cfg["rms_norm_eps"].dump() + " but this model uses " +
-             want["rms_norm_eps"].dump());
+             nlohmann::ordered_json(eps).dump());
+}
+
+// Weight shapes cannot tell a folder's head count from ours (dim 256 is 16 heads of 16 or 8
+// of 32), yet the q/k permutation depends on it; config.json can, so its structural fields
+// must agree. Fields that only change the computation, not the weights, warn.
+void check_llama3_hf_config(const Llama3Args& a, const std::string& dir) {
+  const nlohmann::ordered_json cfg =
+      read_hf_config(dir, "the folder's head counts cannot be checked against the model");
+  if (cfg.is_null()) return;
+  const std::string path = strip_slashes(dir) + "/config.json";
+  require_same_fields(cfg, llama3_hf_config(a, at::kFloat),
+                      {"hidden_size", "intermediate_size", "num_attention_heads",
+                       "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim"},
+                      path);
+  warn_rope_theta_and_eps(cfg, a.rope_theta, a.norm_eps, path);
 }
 
 }  // namespace
@@ -548,7 +588,12 @@ std::vector<HfTensorMap> deepseek_v3_hf_map(const DeepSeekV3HfLayout& d) {
       continue;
     }
     add(p + "moe.router.gate.weight", h + "mlp.gate.weight");
-    if (d.expert_bias) add(p + "moe.expert_bias", h + "mlp.gate.e_score_correction_bias");
+    if (d.expert_bias) {
+      // fp32 in any export, as in DeepSeek's release and in transformers' memory: the bias
+      // decides expert choices by small margins that bf16 would round away.
+      add(p + "moe.expert_bias", h + "mlp.gate.e_score_correction_bias");
+      m.back().keep_fp32 = true;
+    }
     // torchtitan's grouped experts have no ".weight" suffix.
     for (auto [w, proj] : {std::pair<const char*, const char*>{"w1", "gate_proj"},
                            {"w2", "down_proj"},
@@ -577,6 +622,200 @@ std::vector<HfTensorMap> deepseek_v3_hf_map(int64_t n_layers, int64_t n_dense_la
   d.n_experts = n_experts;
   d.q_lora = q_lora;
   return deepseek_v3_hf_map(d);
+}
+
+DeepSeekV3HfLayout deepseek_v3_hf_layout(const DeepSeekV3Args& a) {
+  DeepSeekV3HfLayout d;
+  d.n_layers = a.n_layers;
+  d.n_dense_layers = a.n_dense_layers;
+  d.n_experts = a.moe.num_experts;
+  d.q_lora = a.q_lora_rank > 0;
+  d.shared_experts = a.moe.num_shared_experts > 0;
+  d.expert_bias = true;  // every MoE layer has one (zero while balancing is off)
+  d.tie_embeddings = false;
+  return d;
+}
+
+nlohmann::ordered_json deepseek_v3_hf_config(const DeepSeekV3Args& a, at::ScalarType dtype) {
+  // Our model switches YaRN on when its sequences are longer than original_seq_len, and then
+  // also scales the softmax by mscale^2 (mla_softmax_scale). transformers does the same for
+  // rope_type "yarn": mscale_all_dim gives the softmax factor, and mscale = mscale_all_dim
+  // makes its extra cos/sin factor get_mscale(mscale) / get_mscale(mscale_all_dim) exactly 1.
+  const bool yarn = a.max_seq_len > a.original_seq_len;
+  nlohmann::ordered_json rope_scaling = nullptr;
+  int64_t max_positions = a.max_seq_len;
+  if (yarn) {
+    rope_scaling = {{"rope_type", "yarn"},
+                    {"factor", a.rope_factor},
+                    {"original_max_position_embeddings", a.original_seq_len},
+                    {"beta_fast", a.beta_fast},
+                    {"beta_slow", a.beta_slow},
+                    {"mscale", a.mscale},
+                    {"mscale_all_dim", a.mscale}};
+    // As DeepSeek's own config.json (4096 x 40 = 163840): the length YaRN extends to. The
+    // frequencies do not depend on it.
+    max_positions = std::max<int64_t>(
+        a.max_seq_len, static_cast<int64_t>(std::llround(a.original_seq_len * a.rope_factor)));
+  }
+  const MoEArgs& moe = a.moe;
+  // No groups is one group that is always kept: the same choices.
+  const int64_t n_group = moe.num_expert_groups > 0 ? moe.num_expert_groups : 1;
+  const int64_t topk_group = moe.num_expert_groups > 0 ? moe.num_limited_groups : 1;
+  return {{"architectures", {"DeepseekV3ForCausalLM"}},
+          {"model_type", "deepseek_v3"},
+          {"vocab_size", a.vocab_size},
+          {"hidden_size", a.dim},
+          {"intermediate_size", a.inter_dim},
+          {"moe_intermediate_size", a.moe_inter_dim},
+          {"num_hidden_layers", a.n_layers},
+          {"num_attention_heads", a.n_heads},
+          {"num_key_value_heads", a.n_heads},
+          {"q_lora_rank", a.q_lora_rank > 0 ? nlohmann::ordered_json(a.q_lora_rank) : nullptr},
+          {"kv_lora_rank", a.kv_lora_rank},
+          {"qk_nope_head_dim", a.qk_nope_head_dim},
+          {"qk_rope_head_dim", a.qk_rope_head_dim},
+          {"v_head_dim", a.v_head_dim},
+          {"n_routed_experts", moe.num_experts},
+          {"n_shared_experts", moe.num_shared_experts},
+          {"num_experts_per_tok", moe.top_k},
+          {"n_group", n_group},
+          {"topk_group", topk_group},
+          {"routed_scaling_factor", moe.route_scale},
+          {"norm_topk_prob", moe.route_norm},
+          // DeepSeek's keys (transformers ignores both): the score function, and selection by
+          // biased scores with groups ranked by their top-2 sum.
+          {"scoring_func", moe.score_func == ScoreFunc::Sigmoid ? "sigmoid" : "softmax"},
+          {"topk_method", "noaux_tc"},
+          {"first_k_dense_replace", a.n_dense_layers},
+          {"num_nextn_predict_layers", 0},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", a.norm_eps},
+          {"rope_theta", a.rope_theta},
+          {"rope_scaling", rope_scaling},
+          {"rope_interleave", true},
+          {"max_position_embeddings", max_positions},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"tie_word_embeddings", false},
+          {"torch_dtype", hf_dtype_name(dtype)}};
+}
+
+NamedTensors deepseek_v3_hf_tensors(const DeepSeekV3& model) {
+  NamedTensors r = named(model.params());
+  for (MoELayer* m : model.moe_layers())
+    r.emplace_back(m->prefix() + "expert_bias", m->expert_bias);
+  return r;
+}
+
+namespace {
+
+// What our DeepSeek-V3 can compute that DeepseekV3ForCausalLM cannot represent at all.
+void require_deepseek_v3_exportable(const DeepSeekV3Args& a, const std::string& what) {
+  if (a.moe.gate_bias)
+    throw UserError(what +
+                    ": deepseek_v3 with a router gate bias has no Hugging Face "
+                    "DeepseekV3 equivalent; allowed: gate_bias = false (every flavor)");
+}
+
+// Structural config.json fields must match (UserError); routing and RoPE fields only change
+// the computation, so a difference warns.
+void check_deepseek_v3_hf_config(const DeepSeekV3Args& a, const std::string& dir) {
+  const nlohmann::ordered_json cfg =
+      read_hf_config(dir,
+                     "the folder's head counts and head dims cannot be checked against "
+                     "the model");
+  if (cfg.is_null()) return;
+  const std::string path = strip_slashes(dir) + "/config.json";
+  const nlohmann::ordered_json want = deepseek_v3_hf_config(a, at::kFloat);
+  require_same_fields(
+      cfg, want,
+      {"hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+       "num_attention_heads", "num_key_value_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
+       "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+       "first_k_dense_replace"},
+      path);
+  if (cfg.contains("rope_interleave") && cfg["rope_interleave"] == false)
+    throw UserError(path +
+                    ": rope_interleave = false (rotate-half RoPE layout); allowed: true, "
+                    "DeepSeek's interleaved layout, which is the only one imported");
+  for (const char* key : {"num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor",
+                          "norm_topk_prob", "scoring_func"}) {
+    if (cfg.contains(key) && !cfg[key].is_null() && cfg[key] != want[key])
+      log_warn(path + ": " + key + " = " + cfg[key].dump() + " but this model uses " +
+               want[key].dump() + "; the weights load, the routing differs");
+  }
+  warn_rope_theta_and_eps(cfg, a.rope_theta, a.norm_eps, path);
+}
+
+}  // namespace
+
+void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
+                           const HfExportOptions& opts) {
+  const DeepSeekV3Args& a = model.args();
+  require_deepseek_v3_exportable(a, "export to Hugging Face");
+  if (a.moe.score_func != ScoreFunc::Sigmoid)
+    log_warn(
+        "export to Hugging Face: this deepseek_v3 model routes with softmax scores; "
+        "config.json says scoring_func = \"softmax\", but transformers' "
+        "DeepseekV3ForCausalLM always routes with sigmoid, so it will not reproduce this "
+        "model's outputs (the weights are exported as they are)");
+  export_hf(deepseek_v3_hf_tensors(model), deepseek_v3_hf_map(deepseek_v3_hf_layout(a)),
+            deepseek_v3_hf_config(a, opts.dtype), dir, opts);
+}
+
+void import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir) {
+  const DeepSeekV3Args& a = model.args();
+  require_deepseek_v3_exportable(a, "import from Hugging Face");
+  check_deepseek_v3_hf_config(a, dir);
+  // DeepSeek-V3's release appends its multi-token-prediction module as model.layers.61.*.
+  const std::string layers = "model.layers.";
+  auto mtp = [&](const std::string& name) {
+    if (name.compare(0, layers.size(), layers) != 0) return false;
+    size_t end = 0;
+    int64_t l = -1;
+    try {
+      l = std::stoll(name.substr(layers.size()), &end);
+    } catch (const std::exception&) {
+      return false;
+    }
+    return end > 0 && l >= a.n_layers;
+  };
+  import_hf(deepseek_v3_hf_tensors(model), deepseek_v3_hf_map(deepseek_v3_hf_layout(a)), dir, mtp);
+}
+
+// ---- Any model ----------------------------------------------------------------------------------
+
+std::vector<std::string> hf_supported_models() {
+  return {"llama3", "deepseek_v3"};
+}
+
+bool hf_supported(const Model& model) {
+  return dynamic_cast<const Llama3*>(&model) || dynamic_cast<const DeepSeekV3*>(&model);
+}
+
+void require_hf_supported(const Model& model, const std::string& what) {
+  if (hf_supported(model)) return;
+  std::string allowed;
+  for (auto& n : hf_supported_models()) allowed += (allowed.empty() ? "" : ", ") + n;
+  throw UserError(what + ": Hugging Face weights are supported for model.name = " + allowed +
+                  "; found \"" + model.info().name + "\"");
+}
+
+NamedTensors hf_tensors(const Model& model) {
+  if (auto* ds = dynamic_cast<const DeepSeekV3*>(&model)) return deepseek_v3_hf_tensors(*ds);
+  return named(model.params());
+}
+
+void export_model_hf(const Model& model, const std::string& dir, const HfExportOptions& opts) {
+  require_hf_supported(model, "export to Hugging Face");
+  if (auto* llama = dynamic_cast<const Llama3*>(&model)) return export_llama3_hf(*llama, dir, opts);
+  export_deepseek_v3_hf(dynamic_cast<const DeepSeekV3&>(model), dir, opts);
+}
+
+void import_model_hf(Model& model, const std::string& dir) {
+  require_hf_supported(model, "import from Hugging Face");
+  if (auto* llama = dynamic_cast<Llama3*>(&model)) return import_llama3_hf(*llama, dir);
+  import_deepseek_v3_hf(dynamic_cast<DeepSeekV3&>(model), dir);
 }
 
 }  // namespace titan

@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/model.h"
 
@@ -36,6 +38,9 @@ struct HfTensorMap {
   std::vector<std::string> hf;  // one HF name; kSplitExperts: one per expert, in expert order
   HfTransform transform = HfTransform::kNone;
   int64_t rope_heads = 0;  // kRopePermute: heads in the projection (n_heads or n_kv_heads)
+  // Written as float32 whatever the export dtype: state that transformers itself keeps in fp32
+  // and that rounding would change the meaning of (DeepSeek's e_score_correction_bias).
+  bool keep_fp32 = false;
 };
 
 struct HfExportOptions {
@@ -65,13 +70,17 @@ void export_hf(const ParamStore& params, const std::vector<HfTensorMap>& map,
                const nlohmann::ordered_json& config, const std::string& dir,
                const HfExportOptions& opts);
 
+// HF tensor names an import skips on purpose (true: skip), e.g. modules we do not train.
+using HfSkip = std::function<bool(const std::string& hf_name)>;
+
 // Reads the HF folder `dir` (model.safetensors.index.json + shards, or one model.safetensors)
 // into `tensors` (copy_ into the live tensors, converting dtype and device). Every mapped HF
 // tensor must be present with the right shape and a floating dtype, and no other tensor may be
-// present (rotary inv_freq buffers aside); everything is checked before any tensor is
-// modified. Violations are UserErrors naming the HF tensor, its file, found and expected.
+// present (rotary inv_freq buffers and names `skip` accepts aside); everything is checked
+// before any tensor is modified. Violations are UserErrors naming the HF tensor, its file,
+// found and expected.
 void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
-               const std::string& dir);
+               const std::string& dir, const HfSkip& skip = {});
 void import_hf(ParamStore& params, const std::vector<HfTensorMap>& map, const std::string& dir);
 
 // ---- Llama-3 ----------------------------------------------------------------------------------
@@ -82,7 +91,7 @@ nlohmann::ordered_json llama3_hf_config(const Llama3Args& args, at::ScalarType d
 void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts);
 void import_llama3_hf(Llama3& model, const std::string& dir);
 
-// ---- DeepSeek-V3 (names only until the model exists) -----------------------------------------
+// ---- DeepSeek-V3 --------------------------------------------------------------------------------
 
 struct DeepSeekV3HfLayout {
   int64_t n_layers = 0;
@@ -96,11 +105,54 @@ struct DeepSeekV3HfLayout {
 
 // torchtitan's deepseek_v3 names <-> transformers' DeepseekV3ForCausalLM names. Experts
 // (layers.N.moe.experts.w1 [E, hidden, dim], w3 [E, hidden, dim], w2 [E, dim, hidden]) split
-// into model.layers.N.mlp.experts.K.{gate,up,down}_proj.weight. No RoPE permutation: HF's
-// DeepseekV3 rotates adjacent pairs (rope_interleave) like torchtitan.
+// into model.layers.N.mlp.experts.K.{gate,up,down}_proj.weight, the layout of DeepSeek's own
+// checkpoints (transformers fuses them into gate_up_proj when it loads). The expert bias
+// (layers.N.moe.expert_bias) is model.layers.N.mlp.gate.e_score_correction_bias, kept in fp32.
+//
+// No RoPE permutation of any weight: our MLA rotates adjacent pairs (x[2i], x[2i+1]) of the
+// rope dims, as DeepSeek's reference code does. transformers' DeepseekV3Attention with
+// rope_interleave = true (its default, and what config.json says) reads the rope dims of
+// q_proj / q_b_proj and kv_a_proj_with_mqa in that same interleaved order
+// (apply_rotary_pos_emb_interleave rotates (x[0::2], x[1::2]) pairwise and writes the results
+// de-interleaved, as halves, to both q and k alike, which leaves q.k unchanged). The no-rope
+// dims are never rotated, so nothing else moves either. test_hf_interop.cpp checks this against
+// transformers' logits, and that rope_interleave = false gives clearly different ones.
 std::vector<HfTensorMap> deepseek_v3_hf_map(const DeepSeekV3HfLayout& layout);
 std::vector<HfTensorMap> deepseek_v3_hf_map(int64_t n_layers, int64_t n_dense_layers,
                                             int64_t n_experts, bool q_lora);
+DeepSeekV3HfLayout deepseek_v3_hf_layout(const DeepSeekV3Args& args);
+// transformers' DeepseekV3Config for `args` (config.json); `dtype` becomes torch_dtype. YaRN
+// (rope_scaling) is written when args.max_seq_len > args.original_seq_len, as our model then
+// uses it. Also writes DeepSeek's own scoring_func and topk_method keys, which transformers
+// ignores (it always routes with sigmoid) but other runtimes read.
+nlohmann::ordered_json deepseek_v3_hf_config(const DeepSeekV3Args& args, at::ScalarType dtype);
+// The tensors the map covers, live: the parameters and every MoE layer's expert bias.
+NamedTensors deepseek_v3_hf_tensors(const DeepSeekV3& model);
+// A softmax-routed model (the debugmodel, 16B and 236B flavors) exports fine, but transformers'
+// DeepseekV3ForCausalLM routes with sigmoid whatever config.json says, so it computes another
+// function of the same weights there: the export logs a warning.
+void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
+                           const HfExportOptions& opts);
+// Also checks config.json's structural fields against the model (UserError) and warns about
+// routing or RoPE settings that differ. Tensors of multi-token-prediction modules
+// (model.layers.<n_layers and up>.*, in DeepSeek-V3's release) are skipped.
+void import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir);
+
+// ---- Any model ---------------------------------------------------------------------------------
+
+// model.name values with a Hugging Face mapping: llama3, deepseek_v3.
+std::vector<std::string> hf_supported_models();
+bool hf_supported(const Model& model);
+// A UserError that starts with `what` and names model.name and the supported ones, unless
+// hf_supported(model).
+void require_hf_supported(const Model& model, const std::string& what);
+// The live tensors a model's Hugging Face folder holds, under our names: the parameters, and
+// for deepseek_v3 the expert-bias buffers too (what convert-hf reads and writes).
+NamedTensors hf_tensors(const Model& model);
+// Dispatch on the model family to export_llama3_hf / export_deepseek_v3_hf and the imports;
+// other families are UserErrors (require_hf_supported).
+void export_model_hf(const Model& model, const std::string& dir, const HfExportOptions& opts);
+void import_model_hf(Model& model, const std::string& dir);
 
 // "float32" | "bfloat16" | "float16" -> dtype; otherwise a UserError naming `what`.
 at::ScalarType hf_export_dtype(const std::string& name, const std::string& what);

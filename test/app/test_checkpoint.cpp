@@ -14,6 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
+#include "core/safetensors.h"
+#include "models/deepseek_v3.h"
+#include "models/hf_interop.h"
 #include "models/llama3.h"
 #include "test_util.h"
 
@@ -283,4 +286,87 @@ TEST_CASE("checkpoint: last_save_in_hf exports weights that initial_load_in_hf l
   REQUIRE(loaded.rc == 0);
   CHECK_THAT(loaded.out, Contains("initialized from Hugging Face weights"));
   CHECK(losses(dir.file("b"))[1] < losses(dir.file("fresh"))[1] - 0.5);
+}
+
+TEST_CASE("checkpoint: deepseek_v3 last_save_in_hf exports the checkpoint's weights and biases",
+          "[checkpoint][hf]") {
+  test::TempDir dir("hfckpt-ds");
+  auto ds = [&](const std::string& args) {
+    return "cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() +
+           " --config configs/deepseek_v3_debug.toml --training.local_batch_size 2 "
+           "--training.seq_len 64 --metrics.log_freq 1 --validation.enable false "
+           "--metrics.enable_tensorboard false " +
+           args;
+  };
+  auto a =
+      test::run(ds("--training.steps 4 --checkpoint.enable --checkpoint.last_save_in_hf "
+                   "--job.dump_folder " +
+                   dir.file("a")));
+  INFO(a.out);
+  REQUIRE(a.rc == 0);
+  const std::string step = dir.file("a") + "/checkpoint/step-4";
+  const std::string hf = step + "-hf";
+  REQUIRE(fs::exists(hf + "/config.json"));
+  CHECK(nlohmann::json::parse(test::read_file(hf + "/config.json"))["model_type"] == "deepseek_v3");
+
+  // Every HF tensor equals the checkpoint's (model/<name>, buffers/<name> for the biases,
+  // which four balancing steps have made nonzero).
+  auto ck = SafetensorsFile::open(step + "/rank-00000.safetensors");
+  std::map<std::string, at::Tensor> hf_tensors;
+  for (auto& e : fs::directory_iterator(hf)) {
+    if (e.path().extension() != ".safetensors") continue;
+    auto f = SafetensorsFile::open(e.path().string());
+    for (auto& t : f.entries()) hf_tensors[t.name] = f.get(t.name);
+  }
+  const auto map = deepseek_v3_hf_map(deepseek_v3_hf_layout(deepseek_v3_flavor("debugmodel")));
+  size_t n = 0;
+  for (auto& m : map) {
+    const bool buffer = m.ours.find("expert_bias") != std::string::npos;
+    at::Tensor ours = ck.get((buffer ? "buffers/" : "model/") + m.ours);
+    if (buffer) CHECK(ours.abs().sum().item<double>() > 0);
+    for (size_t k = 0; k < m.hf.size(); ++k, ++n) {
+      INFO(m.hf[k]);
+      REQUIRE(hf_tensors.count(m.hf[k]) == 1);
+      CHECK(hf_tensors[m.hf[k]].equal(m.hf.size() > 1 ? ours[static_cast<int64_t>(k)] : ours));
+    }
+  }
+  CHECK(hf_tensors.size() == n);
+
+  // Starting from the HF folder and from the checkpoint gives the same first loss.
+  const std::string one =
+      "--training.steps 1 --optimizer.lr 0 --lr_scheduler.warmup_steps 0 "
+      "--checkpoint.enable --checkpoint.initial_load_path ";
+  auto from_hf = test::run(
+      ds(one + hf + " --checkpoint.initial_load_in_hf --job.dump_folder " + dir.file("b")));
+  auto from_ck = test::run(ds(one + step + " --job.dump_folder " + dir.file("c")));
+  INFO(from_hf.out);
+  INFO(from_ck.out);
+  REQUIRE(from_hf.rc == 0);
+  REQUIRE(from_ck.rc == 0);
+  CHECK_THAT(from_hf.out, Contains("initialized from Hugging Face weights"));
+  REQUIRE(losses(dir.file("b")).count(1) == 1);
+  CHECK(losses(dir.file("b"))[1] == losses(dir.file("c"))[1]);
+}
+
+TEST_CASE("checkpoint: Hugging Face weights for llama4 exit 2 naming the supported models",
+          "[checkpoint][hf]") {
+  test::TempDir dir("hfckpt-l4");
+  const std::string l4 = "cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
+                         test::binary() +
+                         " --config configs/llama4_debug.toml --training.steps 1 "
+                         "--checkpoint.enable --job.dump_folder " +
+                         dir.file("a");
+  // last_save_in_hf is refused by the config check, initial_load_in_hf by the trainer.
+  auto r = test::run(l4 + " --checkpoint.last_save_in_hf");
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("model.name = \"llama4\"; allowed: llama3, deepseek_v3"));
+  fs::create_directories(dir.file("hf"));
+  r = test::run(l4 + " --checkpoint.initial_load_in_hf --checkpoint.initial_load_path " +
+                dir.file("hf"));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face "
+                             "weights are supported for model.name = llama3, deepseek_v3; "
+                             "found \"llama4\""));
 }

@@ -8,10 +8,25 @@ test/models/test_hf_interop.cpp.
       "total_size": <index metadata>, "weight_map": <index weight_map>}.
 
   logits DIR TOKENS.safetensors OUT.safetensors
-      Loads DIR with transformers.LlamaForCausalLM (fp32, eager attention) and writes the logits
-      of the "tokens" tensor as "logits". Also writes "logits_unpermuted": the logits after
-      undoing the q/k RoPE permutation in every layer, which must differ, so the test shows it
-      can tell the two layouts apart. Exits 3 when transformers cannot be imported.
+      Loads DIR with the transformers class its config.json names (fp32, eager attention) and
+      writes the logits of the "tokens" tensor as "logits". Exits 3 when transformers cannot
+      be imported, 1 when loading reports missing, unexpected or mismatched weights.
+      LlamaForCausalLM also writes "logits_unpermuted": the logits after undoing the q/k RoPE
+      permutation in every layer, which must differ, so the test shows it can tell the two
+      layouts apart.
+      DeepseekV3ForCausalLM also writes
+        "logits_eps_aligned": with the epsilons of three RMSNorms set to titan-train's
+            (torchtitan's): kv_a_layernorm and q_a_layernorm use rms_norm_eps (transformers
+            hard-codes 1e-6 for them) and the final norm fp32's machine epsilon (torchtitan
+            gives it no eps; transformers uses rms_norm_eps). config.json cannot say either.
+        "logits_rope_half": eps aligned, and rope_interleave switched off, which must differ:
+            the weights are in the interleaved layout and nothing is permuted;
+        "logits_no_bias": eps aligned, with every e_score_correction_bias zeroed, which must
+            differ when the test gave the experts a bias: the bias was loaded and is used.
+
+  resave DIR OUT_DIR
+      Loads DIR like `logits` and writes it again with transformers' save_pretrained (fp32), so
+      the test can import a folder transformers wrote. Exits 3 without transformers.
 """
 import json
 import os
@@ -44,6 +59,56 @@ def unpermute(w, heads):
     return w.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def load_model(transformers, cls, d):
+    # `dtype` replaced `torch_dtype` in transformers 5; older versions only know the latter.
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype": torch.float32} if major >= 5 else {"torch_dtype": torch.float32}
+    model, info = cls.from_pretrained(d, attn_implementation="eager", output_loading_info=True,
+                                      **kw)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
+                                                   "mismatched_keys") and v}
+    if bad:
+        print(f"loading {d} with {cls.__name__}: {bad}")
+        sys.exit(1)
+    model.eval()
+    return model
+
+
+def llama_logits(transformers, d, tokens):
+    model = load_model(transformers, transformers.LlamaForCausalLM, d)
+    result = {}
+    result["logits"] = model(tokens).logits.float().contiguous()
+    cfg = model.config
+    for layer in model.model.layers:
+        a = layer.self_attn
+        a.q_proj.weight.copy_(unpermute(a.q_proj.weight, cfg.num_attention_heads))
+        a.k_proj.weight.copy_(unpermute(a.k_proj.weight, cfg.num_key_value_heads))
+    result["logits_unpermuted"] = model(tokens).logits.float().contiguous()
+    return result
+
+
+def deepseek_v3_logits(transformers, d, tokens):
+    model = load_model(transformers, transformers.DeepseekV3ForCausalLM, d)
+    cfg = model.config
+    result = {"logits": model(tokens).logits.float().contiguous()}
+    for layer in model.model.layers:
+        a = layer.self_attn
+        a.kv_a_layernorm.variance_epsilon = cfg.rms_norm_eps
+        if a.q_a_layernorm is not None:
+            a.q_a_layernorm.variance_epsilon = cfg.rms_norm_eps
+    model.model.norm.variance_epsilon = torch.finfo(torch.float32).eps
+    result["logits_eps_aligned"] = model(tokens).logits.float().contiguous()
+    cfg.rope_interleave = False  # every attention layer reads the shared config
+    result["logits_rope_half"] = model(tokens).logits.float().contiguous()
+    cfg.rope_interleave = True
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None:
+            gate.e_score_correction_bias.zero_()
+    result["logits_no_bias"] = model(tokens).logits.float().contiguous()
+    return result
+
+
 def logits(d, tokens_path, out):
     try:
         import transformers
@@ -51,22 +116,29 @@ def logits(d, tokens_path, out):
         print(f"transformers unavailable: {e!r}")
         sys.exit(3)
     print(f"transformers {transformers.__version__}")
-    # `dtype` replaced `torch_dtype` in transformers 5; older versions only know the latter.
-    major = int(transformers.__version__.split(".")[0])
-    kw = {"dtype": torch.float32} if major >= 5 else {"torch_dtype": torch.float32}
-    model = transformers.LlamaForCausalLM.from_pretrained(d, attn_implementation="eager", **kw)
-    model.eval()
+    with open(os.path.join(d, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
     tokens = load_file(tokens_path)["tokens"]
-    result = {}
     with torch.no_grad():
-        result["logits"] = model(tokens).logits.float().contiguous()
-        cfg = model.config
-        for layer in model.model.layers:
-            a = layer.self_attn
-            a.q_proj.weight.copy_(unpermute(a.q_proj.weight, cfg.num_attention_heads))
-            a.k_proj.weight.copy_(unpermute(a.k_proj.weight, cfg.num_key_value_heads))
-        result["logits_unpermuted"] = model(tokens).logits.float().contiguous()
+        if model_type == "llama":
+            result = llama_logits(transformers, d, tokens)
+        elif model_type == "deepseek_v3":
+            result = deepseek_v3_logits(transformers, d, tokens)
+        else:
+            raise SystemExit(f"{d}/config.json: model_type {model_type!r}; "
+                             "allowed: llama, deepseek_v3")
     save_file(result, out)
+
+
+def resave(d, out):
+    try:
+        import transformers
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        print(f"transformers unavailable: {e!r}")
+        sys.exit(3)
+    with open(os.path.join(d, "config.json")) as f:
+        arch = json.load(f)["architectures"][0]
+    load_model(transformers, getattr(transformers, arch), d).save_pretrained(out)
 
 
 def main():
@@ -74,6 +146,8 @@ def main():
         list_folder(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "logits":
         logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "resave":
+        resave(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]}")
 
