@@ -4,10 +4,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <sstream>
 
 #include <unistd.h>
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "core/checkpoint.h"
 #include "core/cuda_info.h"
@@ -357,7 +361,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     if (pg) pg->barrier();
   };
   if (ddp) ddp->broadcast_state(*model);
-  if (pg) pg->start_training();
+  if (mesh) mesh->start_training();  // the world and its sub-groups
 
   // ---- the loop --------------------------------------------------------------------------------
   const double global_tokens = static_cast<double>(d.tokens_per_step);
@@ -365,6 +369,13 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   int64_t tokens_since_log = 0;
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
   bool first_step_logged = false;
+  struct PendingFlag {
+    int64_t step = 0;
+    at::Tensor host;                    // the all-reduced pre-emption flag, on the host
+    std::unique_ptr<c10::Event> ready;  // CUDA: the device-to-host copy's completion
+  };
+  constexpr int64_t kPreemptLag = 2;
+  std::deque<PendingFlag> pending_flags;
   for (int64_t step = state.step + 1; step <= cfg.training.steps; ++step) {
     const bool log_step =
         step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps;
@@ -438,12 +449,31 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     state.step = step;
     int sig = preemption_signal();
     if (pg) {
-      // Ranks see a signal after different steps; agreeing on it keeps them in lockstep (one
-      // leaving alone would make the others fail in the next collective). One 4-byte
-      // all-reduce per step.
-      at::Tensor s = at::full({}, sig, at::TensorOptions().dtype(at::kInt).device(device));
-      pg->allreduce(s, ReduceOp::Max);
-      sig = s.item<int>();
+      // Ranks see a signal after different steps; they must agree on the step they stop at
+      // (one leaving alone would make the others fail in the next collective). Each step
+      // all-reduces the flag (MAX) and starts copying it to the host without waiting; the
+      // value is read kPreemptLag steps later, when the copy has long finished, so no step
+      // waits for the device. Every rank reads the same step's value at the same step.
+      at::Tensor f = at::full({}, sig, at::TensorOptions().dtype(at::kInt).device(device));
+      pg->allreduce(f, ReduceOp::Max);
+      PendingFlag p;
+      p.step = step;
+      if (f.is_cpu()) {
+        p.host = f;
+      } else {
+        p.host = at::empty({}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+        p.host.copy_(f, /*non_blocking=*/true);
+        p.ready = std::make_unique<c10::Event>(device.type());
+        p.ready->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+      }
+      pending_flags.push_back(std::move(p));
+      sig = 0;
+      if (pending_flags.front().step + kPreemptLag <= step) {
+        PendingFlag& due = pending_flags.front();
+        if (due.ready) due.ready->synchronize();  // recorded kPreemptLag steps ago
+        sig = due.host.item<int>();
+        pending_flags.pop_front();
+      }
     }
     if (sig) {
       log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) + ") after step " +

@@ -9,6 +9,12 @@ std::string Mesh::describe() const {
          " (ep " + std::to_string(ep) + " x efsdp " + std::to_string(efsdp()) + ")";
 }
 
+void Mesh::start_training() {
+  world->start_training();
+  for (auto* g : {shard_group.get(), replicate_group.get(), ep_group.get(), efsdp_group.get()})
+    if (g) g->start_training();
+}
+
 std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard,
                                  int64_t ep) {
   TORCH_CHECK(replicate * shard == world.size() && shard % ep == 0, "inconsistent mesh degrees");

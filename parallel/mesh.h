@@ -25,6 +25,8 @@ struct Mesh {
   std::unique_ptr<ProcessGroup> ep_group;         // same replicate and efsdp index
   std::unique_ptr<ProcessGroup> efsdp_group;      // same replicate and ep index
 
+  // Switches the world and every sub-group from the init timeout to the train timeout.
+  void start_training();
   // "dp_replicate 2 x dp_shard 2 (ep 1)", for the startup log.
   std::string describe() const;
 };

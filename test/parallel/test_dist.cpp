@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/checkpoint.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -362,4 +363,40 @@ TEST_CASE("an FSDP checkpoint of 2 ranks resumes on 2 and reshards onto 1 and 4 
   CHECK(worst < 1e-5);
   CHECK(std::abs(mc[6].loss - ma[6].loss) / ma[6].loss < 1e-6);  // the next step
   CHECK(std::abs(md[6].loss - ma[6].loss) / ma[6].loss < 1e-6);
+}
+
+TEST_CASE("SIGTERM to one rank stops every rank after the same step with one checkpoint",
+          "[dist][app][slow][checkpoint]") {
+  // Slurm may signal one task before the others. The signalled rank's flag is all-reduced
+  // every step and read two steps later on every rank, so all ranks save the same step and
+  // exit 0 together.
+  test::TempDir dir("preempt2");
+  const int port = free_port(300);
+  const std::string args =
+      "--training.steps 100000 --training.local_batch_size 2 --checkpoint.enable true "
+      "--checkpoint.interval 100000 --job.dump_folder " +
+      dir.path.string();
+  Rank r0 = spawn_rank(0, 2, port, args, dir.path.string());
+  Rank r1 = spawn_rank(1, 2, port, args, dir.path.string());
+  REQUIRE(wait_for([&] { return read_metrics(dir.file("metrics.jsonl")).size() >= 3; }, 300));
+  ::kill(r1.pid, SIGTERM);
+  const bool done = wait_for([&] { return r0.done() && r1.done(); }, 120);
+  if (!done) {
+    ::kill(r0.pid, SIGKILL);
+    ::kill(r1.pid, SIGKILL);
+  }
+  const std::string log0 = test::read_file(r0.log);
+  INFO(log0);
+  INFO(test::read_file(r1.log));
+  REQUIRE(done);
+  CHECK(r0.rc() == 0);
+  CHECK(r1.rc() == 0);
+  CHECK_THAT(log0, Contains("received signal 15"));
+  auto steps = titan::Checkpointer::complete_steps(dir.file("checkpoint"));
+  REQUIRE(steps.size() == 1);
+  CHECK_THAT(log0, Contains("after step " + std::to_string(steps[0]) + ": saving and exiting"));
+  // Both ranks' shards of the one checkpoint are there.
+  const std::string ck = dir.file("checkpoint") + "/step-" + std::to_string(steps[0]);
+  CHECK(fs::exists(ck + "/rank-00000.safetensors"));
+  CHECK(fs::exists(ck + "/rank-00001.safetensors"));
 }
