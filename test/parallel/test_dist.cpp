@@ -400,3 +400,39 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step with one che
   CHECK(fs::exists(ck + "/rank-00000.safetensors"));
   CHECK(fs::exists(ck + "/rank-00001.safetensors"));
 }
+
+TEST_CASE("an async HSDP checkpoint is written by the first replica and resumes on 2 ranks",
+          "[dist][app][slow][checkpoint]") {
+  // HSDP 2x2: ranks 0 and 1 (replica 0) write their shards from their async writer threads,
+  // ranks 2 and 3 write nothing; rank 0 renames once both files are on disk. The save
+  // resumes as FSDP on 2 ranks.
+  test::TempDir a("hsdpckA"), b("hsdpckB");
+  const std::string common = kSmall +
+                             "--training.steps 6 --checkpoint.enable true "
+                             "--checkpoint.interval 3 --checkpoint.keep_latest_k 0 ";
+  auto ra = torchrun_train(4, common +
+                                  "--training.local_batch_size 1 "
+                                  "--parallelism.data_parallel_replicate_degree 2 "
+                                  "--checkpoint.async_mode async --job.dump_folder " +
+                                  a.path.string());
+  INFO(ra.out);
+  REQUIRE(ra.rc == 0);
+  const std::string ck = a.file("checkpoint/step-3");
+  CHECK(fs::exists(ck + "/rank-00000.safetensors"));
+  CHECK(fs::exists(ck + "/rank-00001.safetensors"));
+  CHECK_FALSE(fs::exists(ck + "/rank-00002.safetensors"));
+  CHECK_FALSE(fs::exists(ck + "/rank-00003.safetensors"));
+  fs::create_directories(b.file("checkpoint"));
+  fs::copy(ck, b.file("checkpoint/step-3"), fs::copy_options::recursive);
+  auto rb = torchrun_train(
+      2, common + "--training.local_batch_size 2 --job.dump_folder " + b.path.string());
+  INFO(rb.out);
+  REQUIRE(rb.rc == 0);
+  auto ma = read_metrics(a.file("metrics.jsonl"));
+  auto mb = read_metrics(b.file("metrics.jsonl"));
+  for (int64_t step = 4; step <= 6; ++step) {
+    INFO("step " << step);
+    REQUIRE(mb.count(step));
+    CHECK(std::abs(mb[step].loss - ma[step].loss) / ma[step].loss < 1e-5);
+  }
+}
