@@ -154,7 +154,16 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   // ---- tokenizer, data, model ---------------------------------------------------------------
   const std::string tok_path = resolve_tokenizer(cfg.model);
   auto tokenizer = load_tokenizer(tok_path);
-  auto model = build_model(cfg, device);
+  const auto& cc = cfg.checkpoint;
+  const std::string ckpt_root = (std::filesystem::path(cfg.job.dump_folder) / cc.folder).string();
+  // Hugging Face weights initialize the whole model, before it is sharded.
+  const bool hf_init = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
+                       Checkpointer::complete_steps(ckpt_root).empty();
+  // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
+  // only their own rows: no rank ever holds the whole model (Hugging Face initial weights
+  // still load into a whole model first).
+  const bool defer_params = fsdp && !hf_init;
+  auto model = build_model(cfg, device, defer_params);
   const ModelInfo& info = model->info();
   if (tokenizer->vocab_size() != info.vocab_size)
     throw UserError("tokenizer '" + tok_path + "' has a vocabulary of " +
@@ -194,11 +203,6 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     const int64_t every = std::stoll(ac.selective_ac_option);
     model->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
   }
-  const auto& cc = cfg.checkpoint;
-  const std::string ckpt_root = (std::filesystem::path(cfg.job.dump_folder) / cc.folder).string();
-  // Hugging Face weights initialize the whole model, before it is sharded.
-  const bool hf_init = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
-                       Checkpointer::complete_steps(ckpt_root).empty();
   if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
     require_hf_supported(*model, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init) {
@@ -239,6 +243,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
         cuda && cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
     fo.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward != "never";
     sharded = std::make_unique<FullyShardedDataParallel>(*model, *mesh, fo);
+    if (defer_params) model->init_weights(static_cast<uint64_t>(cfg.debug.seed));
   }
   std::vector<bool> decay;
   for (auto& p : model->params().all()) decay.push_back(p.weight_decay);

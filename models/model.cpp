@@ -8,10 +8,36 @@
 
 namespace titan {
 
+namespace {
+thread_local bool g_defer_params = false;  // set by build_model(defer_params = true)
+}  // namespace
+
 int64_t ParamStore::add(const std::string& name, at::Tensor value, bool weight_decay) {
   TORCH_CHECK(index_of(name) < 0, "duplicate parameter ", name);
-  params_.push_back({name, value.requires_grad_(true), weight_decay});
+  const at::Device device = value.device();
+  if (g_defer_params) value = at::empty(value.sizes(), value.options().device(at::kMeta));
+  Param p{name, value.requires_grad_(true), weight_decay};
+  p.device = device;
+  params_.push_back(std::move(p));
   return static_cast<int64_t>(params_.size()) - 1;
+}
+
+void ParamStore::assign(int64_t i, const at::Tensor& full) {
+  at::NoGradGuard ng;
+  Param& p = params_[static_cast<size_t>(i)];
+  TORCH_CHECK(full.sizes().vec() == p.full_shape(), "assign: ", p.name, " has another shape");
+  TORCH_CHECK(!p.value.is_meta(), "assign: ", p.name, " is not materialized");
+  if (!p.sharded()) {
+    p.value.copy_(full);
+  } else if (p.dim0_rows > 0) {
+    p.value.narrow(0, 0, p.dim0_rows).copy_(full.narrow(0, p.dim0_offset, p.dim0_rows));
+  }
+}
+
+void ParamStore::fill(int64_t i, double v) {
+  at::NoGradGuard ng;
+  Param& p = params_[static_cast<size_t>(i)];
+  p.valid(p.value).fill_(v);
 }
 
 int64_t ParamStore::index_of(const std::string& name) const {
@@ -37,21 +63,20 @@ ParamInit::ParamInit(ParamStore& store, uint64_t seed)
 
 void ParamInit::normal(int64_t i, double std) {
   at::NoGradGuard ng;
-  at::Tensor cpu = at::empty(store_[i].value.sizes(), at::kFloat);
+  at::Tensor cpu = at::empty(store_[i].full_shape(), at::kFloat);
   cpu.normal_(0.0, std, gen_);
-  store_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+  store_.assign(i, cpu);
 }
 
 void ParamInit::trunc_normal(int64_t i, double std, double a, double b) {
   at::NoGradGuard ng;
-  at::Tensor cpu = at::empty(store_[i].value.sizes(), at::kFloat);
+  at::Tensor cpu = at::empty(store_[i].full_shape(), at::kFloat);
   trunc_normal_(cpu, 0.0, std, a, b, gen_);
-  store_.all()[static_cast<size_t>(i)].value.copy_(cpu);
+  store_.assign(i, cpu);
 }
 
 void ParamInit::ones(int64_t i) {
-  at::NoGradGuard ng;
-  store_.all()[static_cast<size_t>(i)].value.fill_(1.0);
+  store_.fill(i, 1.0);
 }
 
 at::Tensor Model::weight(int64_t i) const {
@@ -67,7 +92,11 @@ std::vector<std::string> model_flavors(const std::string& name) {
   return {};
 }
 
-std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device) {
+std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool defer_params) {
+  struct DeferGuard {
+    explicit DeferGuard(bool on) { g_defer_params = on; }
+    ~DeferGuard() { g_defer_params = false; }
+  } defer(defer_params);
   std::unique_ptr<Model> m;
   if (cfg.model.name == "llama3") {
     m = std::make_unique<Llama3>(llama3_flavor(cfg.model.flavor), device);
@@ -88,7 +117,7 @@ std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device) {
     throw UserError("model.name = \"" + cfg.model.name +
                     "\" is not a model; allowed: llama3, llama4, deepseek_v3");
   }
-  m->init_weights(static_cast<uint64_t>(cfg.debug.seed));
+  if (!defer_params) m->init_weights(static_cast<uint64_t>(cfg.debug.seed));
   return m;
 }
 

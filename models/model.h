@@ -21,8 +21,9 @@ namespace titan {
 
 struct Param {
   std::string name;   // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
-  at::Tensor value;   // fp32 master copy, requires_grad
+  at::Tensor value;   // fp32 master copy, requires_grad (meta while deferred, see build_model)
   bool weight_decay;  // matrices decay; norms, embeddings and biases do not
+  at::Device device = at::kCPU;  // where the value lives (or will, once materialized)
   // Sharding (parallel/fsdp.h). Unsharded: global_shape is empty and value is the whole
   // tensor. Sharded: value holds global rows [dim0_offset, dim0_offset + dim0_rows) of a
   // tensor of global_shape, followed by zero padding rows that are never saved.
@@ -43,6 +44,11 @@ class ParamStore {
   std::vector<Param>& all() { return params_; }
   const Param& operator[](int64_t i) const { return params_[static_cast<size_t>(i)]; }
   int64_t index_of(const std::string& name) const;  // -1 when absent
+  // Writes a whole-tensor value (CPU, full shape) into parameter i: all of it, or only this
+  // rank's rows when the parameter is sharded. Initialization goes through here, so a
+  // sharded model is initialized exactly like a whole one.
+  void assign(int64_t i, const at::Tensor& full);
+  void fill(int64_t i, double v);  // the valid rows only (padding stays zero)
   int64_t numel() const;
   std::vector<at::Tensor> tensors() const;
 
@@ -143,7 +149,11 @@ class Model {
 
 // Builds the model named by cfg.model (name, flavor) on `device`, initialized from
 // cfg.debug.seed. Throws UserError for an unknown flavor.
-std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device);
+// defer_params: parameters are left unallocated (meta tensors; Param::device says where
+// they belong) and uninitialized, so a sharding step can allocate only its rows before the
+// caller runs init_weights(cfg.debug.seed) (parallel/fsdp.h). Buffers are allocated as usual.
+std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device,
+                                   bool defer_params = false);
 // Flavor names of a family, for messages and docs.
 std::vector<std::string> model_flavors(const std::string& name);
 

@@ -36,12 +36,12 @@ void MoELayer::init_weights(ParamStore& store, at::Generator& gen, double init_s
   at::NoGradGuard ng;
   auto trunc = [&](int64_t i, double std) {
     if (i < 0) return;
-    at::Tensor cpu = at::empty(store[i].value.sizes(), at::kFloat);
+    at::Tensor cpu = at::empty(store[i].full_shape(), at::kFloat);
     trunc_normal_(cpu, 0.0, std, -2.0, 2.0, gen);
-    store.all()[static_cast<size_t>(i)].value.copy_(cpu);
+    store.assign(i, cpu);
   };
   trunc(gate_w_, init_std);
-  if (gate_b_ >= 0) store.all()[static_cast<size_t>(gate_b_)].value.zero_();
+  if (gate_b_ >= 0) store.fill(gate_b_, 0.0);
   trunc(w1_, 0.02);
   trunc(w2_, init_std);
   trunc(w3_, init_std);

@@ -155,8 +155,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
     const int64_t valid = std::min(rows, begin + chunk) - begin;
     std::vector<int64_t> shard_shape = global;
     shard_shape[0] = chunk;
-    at::Tensor shard = at::zeros(shard_shape, p.value.options().requires_grad(false));
-    if (valid > 0) shard.narrow(0, 0, valid).copy_(p.value.narrow(0, base + begin, valid));
+    // A deferred (meta) parameter is allocated here for the first time, shard-sized; the
+    // caller initializes it afterwards (ParamStore::assign writes this rank's rows).
+    at::Tensor shard =
+        at::zeros(shard_shape, p.value.options().device(p.device).requires_grad(false));
+    if (valid > 0 && !p.value.is_meta())
+      shard.narrow(0, 0, valid).copy_(p.value.narrow(0, base + begin, valid));
     std::vector<int64_t> full_shape = global;
     full_shape[0] = rows;
     u.params.push_back(static_cast<int64_t>(i));
