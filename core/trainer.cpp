@@ -129,11 +129,11 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   const bool cuda = at::hasCUDA();
 
   // ---- process group and mesh --------------------------------------------------------------
-  // A launcher's world of one rank still gets a process group (torchrun --nproc_per_node 1
+  // torchrun with one rank still gets a process group (torchrun --nproc_per_node 1
   // runs the same collective code path, e.g. a one-GPU NCCL check).
   std::unique_ptr<ProcessGroup> pg;
   std::unique_ptr<Mesh> mesh;
-  if (launch.world_size > 1 || launch.source != "single") {
+  if (launch.world_size > 1 || launch.source == "torchrun") {
     pg = std::make_unique<ProcessGroup>(launch, cfg.comm, cuda);
     pg->check_same_config(config_hash(cfg));
     mesh = build_mesh(*pg, cfg.parallelism.data_parallel_replicate_degree, d.dp_shard,
