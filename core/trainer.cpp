@@ -503,7 +503,13 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
     // rank 0, which exports it; buffers (MoE expert biases) are replicated already.
     std::unique_ptr<Model> whole;
     if (sharded) {
-      if (launch.rank == 0) whole = build_model(cfg, at::kCPU);
+      if (launch.rank == 0) {
+        // A CPU copy for export only: the experts backend is irrelevant there, and grouped_mm
+        // (chosen for the GPU) cannot be built on the CPU.
+        JobConfig ecfg = cfg;
+        ecfg.moe.experts_backend = "loop";
+        whole = build_model(ecfg, at::kCPU);
+      }
       at::NoGradGuard ng;
       for (size_t i = 0; i < model->params().all().size(); ++i) {
         at::Tensor full = sharded->full_param(static_cast<int64_t>(i));

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint.h"
+#include "core/safetensors.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -435,4 +436,48 @@ TEST_CASE("an async HSDP checkpoint is written by the first replica and resumes 
     REQUIRE(mb.count(step));
     CHECK(std::abs(mb[step].loss - ma[step].loss) / ma[step].loss < 1e-5);
   }
+}
+
+TEST_CASE("FSDP with ep 2 exports the same Hugging Face weights as one process",
+          "[dist][app][checkpoint][hf]") {
+  // With lr 0 and no bias updates the weights stay at their seeded init. The sharded run
+  // allocates and initializes only its own rows (deferred parameters), and its export
+  // gathers the shards and the other ep rank's experts; both must reproduce the
+  // single-process tensors bit for bit.
+  const std::string common =
+      "--config configs/deepseek_v3_debug.toml --training.seq_len 64 "
+      "--validation.enable false --metrics.enable_tensorboard false --training.steps 1 "
+      "--debug.seed 3 --checkpoint.enable true --checkpoint.last_save_in_hf true "
+      "--optimizer.lr 0 --moe.load_balance_coeff 0 ";
+  test::TempDir one("hfx1"), two("hfx2");
+  auto r1 =
+      single_train(common + "--training.local_batch_size 2 --job.dump_folder " + one.path.string());
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  auto r2 = torchrun_train(2, common +
+                                  "--training.local_batch_size 1 "
+                                  "--parallelism.expert_parallel_degree 2 --job.dump_folder " +
+                                  two.path.string());
+  INFO(r2.out);
+  REQUIRE(r2.rc == 0);
+  auto load = [](const std::string& dir) {
+    std::map<std::string, at::Tensor> out;
+    for (auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") {
+        auto f = titan::SafetensorsFile::open(e.path().string());
+        for (auto& t : f.entries()) out[t.name] = f.get(t.name);
+      }
+    return out;
+  };
+  auto a = load(one.file("checkpoint/step-1-hf"));
+  auto b = load(two.file("checkpoint/step-1-hf"));
+  REQUIRE(a.size() > 100);
+  REQUIRE(a.size() == b.size());
+  int64_t differ = 0;
+  for (auto& [name, t] : a) {
+    INFO(name);
+    REQUIRE(b.count(name));
+    if (!at::equal(t, b[name])) ++differ;
+  }
+  CHECK(differ == 0);
 }
