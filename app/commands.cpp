@@ -19,6 +19,20 @@
 namespace titan {
 namespace {
 
+// Parses a subcommand's flags. Prints the help and returns false for --help; a bad flag is
+// a UserError prefixed with the subcommand's name.
+bool parse_subcommand(CLI::App& app, int argc, char** argv, const char* name) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw UserError(std::string(name) + ": " + e.what());
+  }
+  return true;
+}
+
 // titan-train tokenize: text or JSONL -> a pre-tokenized .tok file for training.dataset_path.
 int run_tokenize(int argc, char** argv) {
   CLI::App app{"titan-train tokenize: pre-tokenize a text or JSONL file into a .tok file"};
@@ -27,14 +41,7 @@ int run_tokenize(int argc, char** argv) {
   app.add_option("--input", input, "a .txt (blank-line separated documents) or .jsonl file")
       ->required();
   app.add_option("--output", output, "the .tok file to write")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    throw UserError(std::string("tokenize: ") + e.what());
-  }
+  if (!parse_subcommand(app, argc, argv, "tokenize")) return 0;
   auto tok = load_tokenizer(tok_path);
   TokenizedDocs docs = load_documents(input, *tok);
   write_token_file(output, docs);
@@ -120,14 +127,7 @@ int run_convert_hf(int argc, char** argv) {
   o_from_st->needs(o_to_hf);
   o_to_hf->needs(o_from_st);
   o_dtype->needs(o_to_hf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    throw UserError(std::string("convert-hf: ") + e.what());
-  }
+  if (!parse_subcommand(app, argc, argv, "convert-hf")) return 0;
   if (from_hf.empty() && from_st.empty())
     throw UserError(
         "convert-hf: give --from-hf DIR --to-safetensors FILE, or "

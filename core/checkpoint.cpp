@@ -17,6 +17,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
+#include "core/durable_io.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/safetensors.h"
@@ -42,34 +43,6 @@ std::string rank_file(int64_t rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "rank-%05lld.safetensors", static_cast<long long>(rank));
   return buf;
-}
-
-// Writes a small file durably: temp file, fsync, rename.
-void write_small_file(const fs::path& path, const std::string& text) {
-  const std::string tmp = path.string() + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw UserError("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      throw UserError("cannot write '" + tmp + "': " + std::strerror(e));
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw UserError("cannot write '" + tmp + "': " + std::strerror(errno));
-  fs::rename(tmp, path);
-}
-
-void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 json read_json(const fs::path& p) {
@@ -201,7 +174,7 @@ void Checkpointer::write(const Snapshot& s) {
       }
       save_safetensors((tmp / rank_file(rank_)).string(), tensors,
                        {{"format", "titan-train checkpoint 1"}});
-      write_small_file(tmp / (rank_file(rank_) + ".json"), part.dump());
+      write_file_durable((tmp / (rank_file(rank_) + ".json")).string(), part.dump());
     }
     if (group_.counter && group_.writes) group_.counter(key + "/written", 1);
     if (rank_ == 0) finalize(tmp.string(), s);
@@ -255,12 +228,12 @@ void Checkpointer::finalize(const std::string& tmp_dir, const Snapshot& s) {
                              {"dim0_rows", e["dim0_rows"]}});
     }
   }
-  write_small_file(tmp / "metadata.json", meta.dump(1));
-  write_small_file(tmp / "train_state.json", s.train_state_json);
+  write_file_durable((tmp / "metadata.json").string(), meta.dump(1));
+  write_file_durable((tmp / "train_state.json").string(), s.train_state_json);
   for (auto& pp : parts) fs::remove(pp);
   if (const char* d = std::getenv("TITAN_TEST_CHECKPOINT_DELAY_MS"))  // tests: a slow disk
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
-  fsync_dir(tmp);
+  fsync_dir(tmp.string());
   fs::rename(tmp, final_dir);
   fsync_dir(root_);
 }
@@ -365,11 +338,11 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
     if (!r) return std::nullopt;
     return r->first;
   };
-  // Copies the checkpoint's rows for `p` (its shard, or all of it) into dst, which is laid
-  // out like p.value; padding rows are zeroed.
-  auto restore_param = [&](const std::string& key, const Param& p, at::Tensor& dst, bool required) {
-    const std::vector<int64_t> want = p.full_shape();
-    auto r = fetch_rows(key, p.dim0_offset, p.sharded() ? p.dim0_rows : -1);
+  // Copies rows [begin, begin + rows) (rows -1: all) of the checkpoint's tensor `key`, whose
+  // global shape must be `want`, into dst. False when it is absent and not required.
+  auto restore_rows = [&](const std::string& key, const std::vector<int64_t>& want, int64_t begin,
+                          int64_t rows, at::Tensor dst, bool required) {
+    auto r = fetch_rows(key, begin, rows);
     if (!r) {
       if (required)
         throw UserError("checkpoint '" + dir + "': no tensor " + key +
@@ -381,28 +354,20 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
       throw UserError("checkpoint '" + dir + "': tensor " + key + " has shape " +
                       shape_str(r->second) + " but the model expects " + shape_str(want) +
                       " (a different model config?)");
-    if (p.sharded()) {
-      dst.zero_();
-      if (p.dim0_rows > 0) dst.narrow(0, 0, p.dim0_rows).copy_(r->first);
-    } else {
-      dst.copy_(r->first);
-    }
+    dst.copy_(r->first);
     return true;
   };
-  auto restore = [&](const std::string& key, at::Tensor& dst, bool required) {
-    auto t = fetch(key);
-    if (!t) {
-      if (required)
-        throw UserError("checkpoint '" + dir + "': no tensor " + key +
-                        "; the model expects one of shape " + shape_str(dst.sizes()) +
-                        " (was it saved with another model config?)");
+  auto restore = [&](const std::string& key, const at::Tensor& dst, bool required) {
+    return restore_rows(key, dst.sizes().vec(), 0, -1, dst, required);
+  };
+  // A tensor laid out like p.value (the parameter or its AdamW moments): this rank's rows
+  // when p is sharded, the padding rows zeroed.
+  auto restore_param = [&](const std::string& key, const Param& p, const at::Tensor& dst,
+                           bool required) {
+    if (!p.sharded()) return restore_rows(key, p.full_shape(), 0, -1, dst, required);
+    if (!restore_rows(key, p.full_shape(), p.dim0_offset, p.dim0_rows, p.valid(dst), required))
       return false;
-    }
-    if (t->sizes() != dst.sizes())
-      throw UserError("checkpoint '" + dir + "': tensor " + key + " has shape " +
-                      shape_str(t->sizes()) + " but the model expects " + shape_str(dst.sizes()) +
-                      " (a different model config?)");
-    dst.copy_(*t);
+    dst.narrow(0, p.dim0_rows, dst.size(0) - p.dim0_rows).zero_();
     return true;
   };
 

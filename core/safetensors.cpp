@@ -15,6 +15,7 @@
 #include <limits>
 #include <set>
 
+#include "core/durable_io.h"
 #include "core/errors.h"
 
 // Values in the data buffer are little-endian and are copied as they are.
@@ -598,11 +599,7 @@ void save_safetensors(const std::string& path,
   // Make the rename itself durable. Best effort: some file systems refuse fsync on folders.
   std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   if (dir.empty()) dir = "/";
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  fsync_dir(dir);
 }
 
 }  // namespace titan

@@ -229,7 +229,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
       ExpertParallel e;
       e.size = ep;
       e.rank = mesh->ep_index;
-      e.all_to_all = [g = mesh->ep_group.get()](
+      e.all_to_all = [g = mesh->ep_group](
                          at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& os,
                          const std::vector<int64_t>& is) { g->all_to_all(out, in, os, is); };
       moe->set_expert_parallel(e);

@@ -165,17 +165,12 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
   rope_ = yarn_rope_tables(a, device);
   softmax_scale_ = mla_softmax_scale(a);
   for (int64_t l = 0; l < a.n_layers; ++l)
-    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
-      return block(l, x, w);
-    });
+    add_block(layers_[static_cast<size_t>(l)].w,
+              [this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+                return block(l, x, w);
+              });
 
-  info_.name = "deepseek_v3";
-  info_.vocab_size = a.vocab_size;
-  info_.max_seq_len = a.max_seq_len;
-  info_.dim = a.dim;
-  info_.n_layers = a.n_layers;
-  info_.n_params = params_.numel();
-  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_ = base_info("deepseek_v3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = active_non_embedding_params();
   info_.attn_flops_dims = a.n_layers * H * (qk + a.v_head_dim);
 }
@@ -246,13 +241,7 @@ at::Tensor DeepSeekV3::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
   at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    std::vector<at::Tensor> w;
-    for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
-    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
-                           : block(l, h, w);
-    h = block_done(l, h);
-  }
+  h = run_blocks(h);
   // torchtitan builds the final norm without an eps: RMSNorm then uses the machine epsilon
   // of the input's dtype (fp32 1.19e-7, bf16 7.8e-3).
   const double eps = h.scalar_type() == at::kBFloat16

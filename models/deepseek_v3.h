@@ -71,7 +71,6 @@ class DeepSeekV3 : public MoETransformer {
   double softmax_scale_ = 0;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
   std::vector<LayerIdx> layers_;
-  std::vector<BlockFn> block_fns_;
 };
 
 }  // namespace titan

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/durable_io.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/safetensors.h"
@@ -47,34 +48,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // recomputed from config.json, so they are skipped rather than reported as unexpected.
 bool ignorable_hf_tensor(const std::string& name) {
   return ends_with(name, "rotary_emb.inv_freq");
-}
-
-// Writes `text` to `path` and fsyncs it, so the folder rename that publishes it is durable.
-void write_text_durable(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError("cannot create " + path + ": " + std::strerror(errno));
-  size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      throw UserError("cannot write " + path + ": " + std::strerror(e));
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw UserError("cannot write " + path + ": " + std::strerror(errno));
-}
-
-void fsync_dir(const std::string& dir) {
-  // Best effort: some file systems refuse fsync on folders.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 std::string strip_slashes(std::string dir) {
@@ -259,8 +232,8 @@ void export_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
     for (auto& [name, file] : placement) weight_map[name] = file;
     nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes}}},
                                     {"weight_map", weight_map}};
-    write_text_durable(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
-    write_text_durable(tmp + "/config.json", config.dump(2) + "\n");
+    write_file_durable(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+    write_file_durable(tmp + "/config.json", config.dump(2) + "\n");
     fsync_dir(tmp);
     if (exists) fs::remove(dir, ec);  // empty: checked above
     fs::rename(tmp, dir, ec);

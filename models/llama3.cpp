@@ -82,18 +82,15 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
   norm_ = P("norm.weight", {a.dim}, false);
   if (!a.tie_embeddings) output_ = P("output.weight", {a.vocab_size, a.dim}, true);
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
-  for (int64_t l = 0; l < a.n_layers; ++l)
-    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
-      return block(l, x, w);
-    });
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const LayerIdx& L = layers_[static_cast<size_t>(l)];
+    add_block({L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w1, L.w2, L.w3},
+              [this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+                return block(l, x, w);
+              });
+  }
 
-  info_.name = "llama3";
-  info_.vocab_size = a.vocab_size;
-  info_.max_seq_len = a.max_seq_len;
-  info_.dim = a.dim;
-  info_.n_layers = a.n_layers;
-  info_.n_params = params_.numel();
-  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_ = base_info("llama3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = info_.n_params - info_.n_params_embedding;
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
 }
@@ -141,15 +138,7 @@ at::Tensor Llama3::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   at::Tensor emb = weight(tok_emb_);
   at::Tensor h = at::embedding(emb, tokens);  // (B, T, D)
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    std::vector<at::Tensor> w;
-    for (int64_t i : {L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w1, L.w2, L.w3})
-      w.push_back(weight(i));
-    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
-                           : block(l, h, w);
-    h = block_done(l, h);
-  }
+  h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return at::linear(h, output_ >= 0 ? weight(output_) : emb);  // (B, T, V)
 }

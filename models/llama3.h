@@ -51,7 +51,6 @@ class Llama3 : public Model {
   RopeTables rope_;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
   std::vector<LayerIdx> layers_;
-  std::vector<BlockFn> block_fns_;  // one per layer, for activation checkpointing
 };
 
 }  // namespace titan

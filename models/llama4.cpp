@@ -109,17 +109,12 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
   output_ = P("output.weight", {a.vocab_size, a.dim}, true);
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
   for (int64_t l = 0; l < a.n_layers; ++l)
-    block_fns_.push_back([this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
-      return block(l, x, w);
-    });
+    add_block(layers_[static_cast<size_t>(l)].w,
+              [this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
+                return block(l, x, w);
+              });
 
-  info_.name = "llama4";
-  info_.vocab_size = a.vocab_size;
-  info_.max_seq_len = a.max_seq_len;
-  info_.dim = a.dim;
-  info_.n_layers = a.n_layers;
-  info_.n_params = params_.numel();
-  info_.n_params_embedding = a.vocab_size * a.dim;
+  info_ = base_info("llama4", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = active_non_embedding_params();
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
 }
@@ -170,13 +165,7 @@ at::Tensor Llama4::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
   at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    std::vector<at::Tensor> w;
-    for (int64_t i : layers_[static_cast<size_t>(l)].w) w.push_back(weight(i));
-    h = recompute_block(l) ? checkpoint_block(block_fns_[static_cast<size_t>(l)], h, w)
-                           : block(l, h, w);
-    h = block_done(l, h);
-  }
+  h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return at::linear(h, weight(output_));  // (B, T, V)
 }

@@ -58,7 +58,6 @@ class Llama4 : public MoETransformer {
   RopeTables rope_;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
   std::vector<LayerIdx> layers_;
-  std::vector<BlockFn> block_fns_;
 };
 
 }  // namespace titan

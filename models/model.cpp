@@ -85,6 +85,35 @@ at::Tensor Model::weight(int64_t i) const {
   return p.scalar_type() == compute_dtype_ ? p : p.to(compute_dtype_);
 }
 
+void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
+  block_params_.push_back(std::move(params));
+  block_fns_.push_back(std::move(fn));
+}
+
+at::Tensor Model::run_blocks(at::Tensor h) const {
+  for (size_t l = 0; l < block_fns_.size(); ++l) {
+    std::vector<at::Tensor> w;
+    for (int64_t i : block_params_[l]) w.push_back(weight(i));
+    const int64_t li = static_cast<int64_t>(l);
+    h = recompute_block(li) ? checkpoint_block(block_fns_[l], h, w) : block_fns_[l](h, w);
+    h = block_done(li, h);
+  }
+  return h;
+}
+
+ModelInfo Model::base_info(const std::string& name, int64_t vocab_size, int64_t max_seq_len,
+                           int64_t dim, int64_t n_layers) const {
+  ModelInfo info;
+  info.name = name;
+  info.vocab_size = vocab_size;
+  info.max_seq_len = max_seq_len;
+  info.dim = dim;
+  info.n_layers = n_layers;
+  info.n_params = params_.numel();
+  info.n_params_embedding = vocab_size * dim;
+  return info;
+}
+
 std::vector<std::string> model_flavors(const std::string& name) {
   if (name == "llama3") return llama3_flavor_names();
   if (name == "llama4") return llama4_flavor_names();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "models/layers.h"
 
 namespace titan {
 
@@ -138,6 +139,17 @@ class Model {
   at::Tensor block_done(int64_t i, const at::Tensor& out) const {
     return block_done_ ? block_done_(i, out) : out;
   }
+  // Registers the next transformer block: the store indices of its weights, in the order
+  // `fn` takes their compute forms.
+  void add_block(std::vector<int64_t> params, BlockFn fn);
+  // Runs the blocks in order on h, the same way for every family: each block's weights are
+  // materialized with weight(), the block is recomputed in backward when the activation
+  // checkpointing policy says so, and block_done() sees its output.
+  at::Tensor run_blocks(at::Tensor h) const;
+  // The ModelInfo fields every family fills the same way (the parameter counts come from
+  // the store); the family adds n_active_non_embedding and attn_flops_dims.
+  ModelInfo base_info(const std::string& name, int64_t vocab_size, int64_t max_seq_len, int64_t dim,
+                      int64_t n_layers) const;
 
   ParamStore params_;
   WeightFn weight_fn_;
@@ -145,6 +157,10 @@ class Model {
   std::function<bool(int64_t)> recompute_;
   std::function<void(at::Tensor&)> dp_allreduce_;
   std::function<at::Tensor(int64_t, const at::Tensor&)> block_done_;
+
+ private:
+  std::vector<std::vector<int64_t>> block_params_;
+  std::vector<BlockFn> block_fns_;  // must outlive backward (checkpoint_block keeps &fn)
 };
 
 // Builds the model named by cfg.model (name, flavor) on `device`, initialized from

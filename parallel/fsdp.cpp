@@ -58,6 +58,25 @@ void alloc_storage(const at::Tensor& t) {
   s->set_nbytes(bytes);
 }
 
+// A unit's flat layout is `grid` [n, chunk_total]: row r holds rank r's shards back to back,
+// this parameter's at column `off`, c rows each. Calls fn(grid_part, whole_part) for the (at
+// most two) matching pieces of grid and of the parameter's whole tensor `whole` [rows, ...]
+// (contiguous): the ranks whose c rows are all real, then the one partly padded rank. Rows
+// past the end of `whole` (padding) have no piece.
+template <class F>
+void match_rows(const at::Tensor& grid, int64_t off, int64_t c, const at::Tensor& whole, F fn) {
+  const int64_t rows = whole.size(0);
+  const int64_t row_numel = rows > 0 ? whole.numel() / rows : 0;
+  const at::Tensor flat = whole.view({rows, row_numel});
+  const int64_t full_ranks = rows / c, rem = rows - full_ranks * c;
+  if (full_ranks > 0)
+    fn(grid.narrow(0, 0, full_ranks).narrow(1, off, c * row_numel),
+       flat.narrow(0, 0, full_ranks * c).view({full_ranks, c * row_numel}));
+  if (rem > 0)
+    fn(grid[full_ranks].narrow(0, off, rem * row_numel),
+       flat.narrow(0, full_ranks * c, rem).reshape({-1}));
+}
+
 }  // namespace
 
 // forward: shards -> full weights (all-gather); backward: full grads -> shard grads
@@ -126,7 +145,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
     }
     const bool expert = p.name.find(".moe.experts.") != std::string::npos;
     if (expert && mesh.ep > 1) key += ".experts";
-    ProcessGroup* group = expert && mesh.ep > 1 ? mesh.efsdp_group.get() : mesh.shard_group.get();
+    ProcessGroup* group = expert && mesh.ep > 1 ? mesh.efsdp_group : mesh.shard_group;
     if (!by_name.count(key)) {
       by_name[key] = units_.size();
       units_.push_back(std::make_unique<Unit>());
@@ -258,23 +277,22 @@ void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor
   }
   int64_t off = 0;
   for (size_t k = 0; k < u.params.size(); ++k) {
-    std::vector<int64_t> padded = u.full_shape[k];
-    padded[0] = n * u.chunk_rows[k];
-    at::Tensor whole =
-        grid.narrow(1, off, u.chunk_numel[k]).reshape(padded).narrow(0, 0, u.full_shape[k][0]);
-    off += u.chunk_numel[k];
+    at::Tensor dst;
     if (refill) {
       // Write through a separate alias: copying into the tensor itself would bump the
       // version counter autograd checks when it unpacks the saved weight.
       const at::Tensor& t = u.full[k];
       alloc_storage(t);
-      at::Tensor alias = at::empty({0}, t.options().requires_grad(false));
-      alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
-      alias.copy_(whole);
+      dst = at::empty({0}, t.options().requires_grad(false));
+      dst.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
     } else {
       // Always a fresh tensor (never a view of recv): its storage is freed and refilled alone.
-      u.full.push_back(whole.clone(at::MemoryFormat::Contiguous));
+      dst = at::empty(u.full_shape[k], opt);
+      u.full.push_back(dst);
     }
+    match_rows(grid, off, u.chunk_rows[k], dst,
+               [](const at::Tensor& from, const at::Tensor& to) { to.copy_(from); });
+    off += u.chunk_numel[k];
   }
   u.released = false;
 }
@@ -286,16 +304,15 @@ std::vector<at::Tensor> FullyShardedDataParallel::reduce_scatter(
   auto& params = model_.params().all();
   const auto opt =
       params[static_cast<size_t>(u.params[0])].value.options().dtype(opts_.reduce_dtype);
-  std::vector<at::Tensor> cols;  // per parameter: (n, chunk_numel), row r for rank r
+  // The gather's layout, with zeros for padding rows and for weights that got no gradient.
+  at::Tensor send = at::zeros({n, u.chunk_total}, opt);
+  int64_t col = 0;
   for (size_t k = 0; k < u.params.size(); ++k) {
-    std::vector<int64_t> padded = u.full_shape[k];
-    padded[0] = n * u.chunk_rows[k];
-    at::Tensor full = at::zeros(padded, opt);
     if (k < grads.size() && grads[k].defined())
-      full.narrow(0, 0, u.full_shape[k][0]).copy_(grads[k]);
-    cols.push_back(full.view({n, u.chunk_numel[k]}));
+      match_rows(send, col, u.chunk_rows[k], grads[k].contiguous(),
+                 [](const at::Tensor& to, const at::Tensor& from) { to.copy_(from); });
+    col += u.chunk_numel[k];
   }
-  at::Tensor send = at::cat(cols, 1).contiguous();
   at::Tensor recv = at::empty({u.chunk_total}, opt);
   u.group->reduce_scatter(recv, send);
   std::vector<at::Tensor> out;

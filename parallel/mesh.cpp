@@ -11,8 +11,7 @@ std::string Mesh::describe() const {
 
 void Mesh::start_training() {
   world->start_training();
-  for (auto* g : {shard_group.get(), replicate_group.get(), ep_group.get(), efsdp_group.get()})
-    if (g) g->start_training();
+  for (auto& g : owned) g->start_training();
 }
 
 std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard,
@@ -29,21 +28,27 @@ std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t
   m->ep_index = m->shard_index % ep;
   m->efsdp_index = m->shard_index / ep;
   auto global = [&](int64_t rep, int64_t efsdp, int64_t e) { return rep * shard + efsdp * ep + e; };
-  std::vector<int64_t> ranks;
   // Every rank creates its groups in the same order; groups of one kind are disjoint.
-  ranks.clear();
+  auto group = [&](const char* name, const std::vector<int64_t>& ranks) {
+    if (static_cast<int64_t>(ranks.size()) == world.size()) return &world;
+    m->owned.push_back(world.subgroup(name, ranks));
+    return m->owned.back().get();
+  };
+  std::vector<int64_t> ranks;
   for (int64_t s = 0; s < shard; ++s) ranks.push_back(m->replicate_index * shard + s);
-  m->shard_group = world.subgroup("dp_shard", ranks);
+  m->shard_group = group("dp_shard", ranks);
   ranks.clear();
   for (int64_t rep = 0; rep < replicate; ++rep) ranks.push_back(rep * shard + m->shard_index);
-  m->replicate_group = world.subgroup("dp_replicate", ranks);
-  ranks.clear();
-  for (int64_t e = 0; e < ep; ++e) ranks.push_back(global(m->replicate_index, m->efsdp_index, e));
-  m->ep_group = world.subgroup("ep", ranks);
-  ranks.clear();
-  for (int64_t f = 0; f < m->efsdp(); ++f)
-    ranks.push_back(global(m->replicate_index, f, m->ep_index));
-  m->efsdp_group = world.subgroup("efsdp", ranks);
+  m->replicate_group = group("dp_replicate", ranks);
+  if (ep > 1) {
+    ranks.clear();
+    for (int64_t e = 0; e < ep; ++e) ranks.push_back(global(m->replicate_index, m->efsdp_index, e));
+    m->ep_group = group("ep", ranks);
+    ranks.clear();
+    for (int64_t f = 0; f < m->efsdp(); ++f)
+      ranks.push_back(global(m->replicate_index, f, m->ep_index));
+    m->efsdp_group = group("efsdp", ranks);
+  }
   return m;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/process_group.h"
 
@@ -19,16 +20,20 @@ struct Mesh {
   int64_t replicate_index = 0, shard_index = 0, ep_index = 0, efsdp_index = 0;
   int64_t efsdp() const { return shard / ep; }
 
-  ProcessGroup* world = nullptr;                  // every rank
-  std::unique_ptr<ProcessGroup> shard_group;      // same replicate index
-  std::unique_ptr<ProcessGroup> replicate_group;  // same shard index
-  std::unique_ptr<ProcessGroup> ep_group;         // same replicate and efsdp index
-  std::unique_ptr<ProcessGroup> efsdp_group;      // same replicate and ep index
+  // The groups this rank belongs to. A group spanning the whole world is the world itself,
+  // and one of a single rank runs locally, so no communicator is created twice.
+  ProcessGroup* world = nullptr;            // every rank
+  ProcessGroup* shard_group = nullptr;      // same replicate index
+  ProcessGroup* replicate_group = nullptr;  // same shard index
+  ProcessGroup* ep_group = nullptr;         // same replicate and efsdp index (ep > 1 only)
+  ProcessGroup* efsdp_group = nullptr;      // same replicate and ep index (ep > 1 only)
 
   // Switches the world and every sub-group from the init timeout to the train timeout.
   void start_training();
   // "dp_replicate 2 x dp_shard 2 (ep 1)", for the startup log.
   std::string describe() const;
+
+  std::vector<std::unique_ptr<ProcessGroup>> owned;  // the sub-groups that are not the world
 };
 
 // Creates the sub-groups this rank belongs to. The degrees were validated against the world

@@ -6,12 +6,18 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
 #include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 namespace titan::test {
 
@@ -83,6 +89,38 @@ inline std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// The training lines of a metrics.jsonl (those with a loss), by step. A resumed run appends
+// to the same file, so the last line of a step wins; a half-written line is skipped.
+inline std::map<int64_t, nlohmann::json> training_metrics(const std::string& file) {
+  std::map<int64_t, nlohmann::json> out;
+  std::stringstream ss(read_file(file));
+  for (std::string line; std::getline(ss, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j.contains("loss"))
+      out[j["step"].get<int64_t>()] = j;
+  }
+  return out;
+}
+
+// step -> training loss of the run whose dump folder is `dump`.
+inline std::map<int64_t, double> losses(const std::string& dump) {
+  std::map<int64_t, double> out;
+  for (auto& [step, j] : training_metrics(dump + "/metrics.jsonl"))
+    out[step] = j["loss"].get<double>();
+  return out;
+}
+
+// Polls cond every 20 ms until it holds or `seconds` pass; returns its last value.
+template <class F>
+bool wait_for(F cond, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
 }
 
 inline std::string shell_quote(const std::string& s) {

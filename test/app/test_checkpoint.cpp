@@ -35,27 +35,8 @@ std::string cmd(const std::string& args) {
          kSmall + args;
 }
 
-// Last logged loss per step (a resumed run appends to the same metrics.jsonl).
-std::map<int64_t, double> losses(const std::string& dump) {
-  std::map<int64_t, double> out;
-  std::stringstream ss(test::read_file(dump + "/metrics.jsonl"));
-  for (std::string line; std::getline(ss, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);  // a line may be half-written
-    if (!j.is_discarded() && j.contains("loss"))
-      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-template <class F>
-bool wait_for(F cond, double seconds) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
+using test::losses;
+using test::wait_for;
 
 // The binary running in the background under a shell that records its exit status.
 struct Proc {

@@ -22,16 +22,7 @@ test::CmdResult run_titan(const std::string& args) {
                    " --config configs/llama3_debug.toml " + args);
 }
 
-// step -> loss from metrics.jsonl (training lines only).
-std::map<int64_t, double> losses(const std::string& dump) {
-  std::map<int64_t, double> out;
-  std::stringstream ss(test::read_file(dump + "/metrics.jsonl"));
-  for (std::string line; std::getline(ss, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
+using test::losses;
 
 }  // namespace
 

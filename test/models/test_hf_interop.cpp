@@ -6,6 +6,9 @@
 // DeepSeek-V3 name map, model dispatch and the convert-hf subcommand.
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -96,6 +99,45 @@ void edit_shard(const std::string& dir, const std::string& tensor,
   }
   for (auto& [name, v] : t) index["weight_map"][name] = shard;
   test::write_file(index_path, index.dump());
+}
+
+// Multiplies the weights whose names contain one of `parts` by 4: sharper attention than the
+// init gives, so that a wrong RoPE layout shows clearly in the logits.
+void sharpen(ParamStore& params, std::initializer_list<const char*> parts) {
+  at::NoGradGuard ng;
+  for (auto& p : params.all())
+    for (const char* part : parts)
+      if (p.name.find(part) != std::string::npos) {
+        p.value.mul_(4.0);
+        break;
+      }
+}
+
+// What hf_interop_check.py computed with transformers for the export in `hf_dir`.
+struct TransformersLogits {
+  SafetensorsFile out;  // "logits" and the script's variants
+  std::string version;  // "transformers X.Y.Z", as the script printed it
+};
+
+// Runs `hf_interop_check.py logits` on `hf_dir` for `tokens`. nullopt (after a WARN) when
+// transformers cannot be imported; a failure of the script fails the test.
+std::optional<TransformersLogits> transformers_logits(const test::TempDir& tmp,
+                                                      const std::string& hf_dir,
+                                                      const at::Tensor& tokens) {
+  save_safetensors(tmp.file("tokens.safetensors"), {{"tokens", tokens}});
+  auto r = test::run(test::python() + " " + test::source_dir() +
+                     "/test/reference/hf_interop_check.py logits " + hf_dir + " " +
+                     tmp.file("tokens.safetensors") + " " + tmp.file("out.safetensors"));
+  INFO(r.out);
+  if (r.rc == 3) {
+    WARN("transformers is not importable in " << test::python()
+                                              << "; the logits check is SKIPPED: " << r.out);
+    return std::nullopt;
+  }
+  REQUIRE(r.rc == 0);
+  const size_t v = r.out.find("transformers ");
+  return TransformersLogits{SafetensorsFile::open(tmp.file("out.safetensors")),
+                            v == std::string::npos ? "" : r.out.substr(v, r.out.find('\n', v) - v)};
 }
 
 }  // namespace
@@ -323,29 +365,14 @@ TEST_CASE("hf: transformers LlamaForCausalLM gives our logits", "[hf][transforme
     test::TempDir tmp("hf-tf-" + tag);
     Llama3 model(a, at::kCPU);
     model.init_weights(11);
-    {
-      // Sharper attention than the init gives, so that a wrong RoPE layout shows clearly.
-      at::NoGradGuard ng;
-      for (auto& p : model.params().all())
-        if (p.name.find("attention.wq") != std::string::npos ||
-            p.name.find("attention.wk") != std::string::npos)
-          p.value.mul_(4.0);
-    }
+    sharpen(model.params(), {"attention.wq", "attention.wk"});
     export_llama3_hf(model, tmp.file("hf"), {});
     auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
     at::Tensor tokens = at::randint(a.vocab_size, {2, 48}, gen, at::kLong);
-    save_safetensors(tmp.file("tokens.safetensors"), {{"tokens", tokens}});
-    auto r = test::run(test::python() + " " + test::source_dir() +
-                       "/test/reference/hf_interop_check.py logits " + tmp.file("hf") + " " +
-                       tmp.file("tokens.safetensors") + " " + tmp.file("out.safetensors"));
-    INFO(r.out);
-    if (r.rc == 3) {
-      WARN("transformers is not importable in " << test::python()
-                                                << "; the logits check is SKIPPED: " << r.out);
-      return;
-    }
-    REQUIRE(r.rc == 0);
-    auto out = SafetensorsFile::open(tmp.file("out.safetensors"));
+    auto tf = transformers_logits(tmp, tmp.file("hf"), tokens);
+    if (!tf) return;
+    const SafetensorsFile& out = tf->out;
+    const std::string& version = tf->version;
     at::Tensor ours;
     {
       at::NoGradGuard ng;
@@ -353,9 +380,6 @@ TEST_CASE("hf: transformers LlamaForCausalLM gives our logits", "[hf][transforme
     }
     const double err = rel_err(ours, out.get("logits"));
     const double err_unpermuted = rel_err(ours, out.get("logits_unpermuted"));
-    const size_t v = r.out.find("transformers ");
-    const std::string version =
-        v == std::string::npos ? "" : r.out.substr(v, r.out.find('\n', v) - v);
     WARN(tag << ": logits vs transformers rel err " << err << " (without the q/k permutation "
              << err_unpermuted << "; " << version << ")");
     CHECK(err <= 1e-5);
@@ -912,29 +936,14 @@ TEST_CASE("hf: transformers DeepseekV3ForCausalLM gives our logits", "[hf][trans
     DeepSeekV3 model(a, at::kCPU);
     model.init_weights(29);
     set_expert_biases(model, 30);
-    {
-      // Sharper attention than the init gives, so that a wrong RoPE layout shows clearly.
-      at::NoGradGuard ng;
-      for (auto& p : model.params().all())
-        if (p.name.find("attention.wq") != std::string::npos ||
-            p.name.find("attention.wkv_a") != std::string::npos)
-          p.value.mul_(4.0);
-    }
+    sharpen(model.params(), {"attention.wq", "attention.wkv_a"});
     export_deepseek_v3_hf(model, tmp.file("hf"), {});
     auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
     at::Tensor tokens = at::randint(a.vocab_size, {2, 48}, gen, at::kLong);
-    save_safetensors(tmp.file("tokens.safetensors"), {{"tokens", tokens}});
-    auto r = test::run(test::python() + " " + test::source_dir() +
-                       "/test/reference/hf_interop_check.py logits " + tmp.file("hf") + " " +
-                       tmp.file("tokens.safetensors") + " " + tmp.file("out.safetensors"));
-    INFO(r.out);
-    if (r.rc == 3) {
-      WARN("transformers is not importable in " << test::python()
-                                                << "; the logits check is SKIPPED: " << r.out);
-      return;
-    }
-    REQUIRE(r.rc == 0);
-    auto out = SafetensorsFile::open(tmp.file("out.safetensors"));
+    auto tf = transformers_logits(tmp, tmp.file("hf"), tokens);
+    if (!tf) return;
+    const SafetensorsFile& out = tf->out;
+    const std::string& version = tf->version;
     at::Tensor ours;
     {
       at::NoGradGuard ng;
@@ -944,9 +953,6 @@ TEST_CASE("hf: transformers DeepseekV3ForCausalLM gives our logits", "[hf][trans
     const double err_stock = rel_err(ours, out.get("logits"));
     const double err_rope_half = rel_err(ours, out.get("logits_rope_half"));
     const double err_no_bias = rel_err(ours, out.get("logits_no_bias"));
-    const size_t v = r.out.find("transformers ");
-    const std::string version =
-        v == std::string::npos ? "" : r.out.substr(v, r.out.find('\n', v) - v);
     WARN(tag << ": logits vs transformers rel err " << err << " with our norm epsilons, "
              << err_stock << " as transformers builds the model (rope_interleave off: "
              << err_rope_half << ", expert bias zeroed: " << err_no_bias << "; " << version << ")");
@@ -961,9 +967,9 @@ TEST_CASE("hf: transformers DeepseekV3ForCausalLM gives our logits", "[hf][trans
 
     // A folder transformers itself wrote (its config.json has rope_parameters, no
     // scoring_func) imports back to the same tensors.
-    r = test::run(test::python() + " " + test::source_dir() +
-                  "/test/reference/hf_interop_check.py resave " + tmp.file("hf") + " " +
-                  tmp.file("resaved"));
+    auto r = test::run(test::python() + " " + test::source_dir() +
+                       "/test/reference/hf_interop_check.py resave " + tmp.file("hf") + " " +
+                       tmp.file("resaved"));
     INFO(r.out);
     REQUIRE(r.rc == 0);
     DeepSeekV3 back(a, at::kCPU);

@@ -366,13 +366,7 @@ TrainRun train(const std::string& config, const std::string& extra) {
                      extra);
   t.rc = r.rc;
   t.out = r.out;
-  std::ifstream f(dir.file("metrics.jsonl"));
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step") && j.contains("loss"))
-      t.steps[j["step"].get<int64_t>()] = j;
-  }
+  t.steps = test::training_metrics(dir.file("metrics.jsonl"));
   return t;
 }
 

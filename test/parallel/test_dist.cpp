@@ -46,25 +46,13 @@ struct Step {
 
 std::map<int64_t, Step> read_metrics(const std::string& file) {
   std::map<int64_t, Step> out;
-  std::stringstream ss(test::read_file(file));
-  for (std::string line; std::getline(ss, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("loss"))
-      out[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["loss_max"].get<double>(),
-                                       j["grad_norm"].get<double>()};
-  }
+  for (auto& [step, j] : test::training_metrics(file))
+    out[step] = {j["loss"].get<double>(), j["loss_max"].get<double>(),
+                 j["grad_norm"].get<double>()};
   return out;
 }
 
-template <class F>
-bool wait_for(F cond, double seconds) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return cond();
-}
+using test::wait_for;
 
 // One rank started by hand with the environment torchrun would give it.
 struct Rank {
