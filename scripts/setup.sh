@@ -46,15 +46,19 @@ fi
 
 # The venv is needed even with a user LibTorch: the Python reference tests and the
 # tokenizer trainer use it.
-want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION"
+want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION pyarrow==$PYARROW_VERSION zstandard==$ZSTANDARD_VERSION"
+# Reference code only: without dependencies, so they never move the pinned torch.
+want_nodeps="torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION"
 stamp="$venv/.titan-stamp"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  say "venv $venv: up to date ($want)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want $want_nodeps" ]; then
+  say "venv $venv: up to date ($want $want_nodeps)"
 else
   [ -x "$py" ] || { say "creating venv $venv"; python3 -m venv "$venv"; }
   say "installing into $venv: $want (torch is ~2.7 GB the first time)"
   "$venv/bin/pip" install -q --progress-bar off $want
-  echo "$want" >"$stamp"
+  say "installing into $venv without dependencies: $want_nodeps"
+  "$venv/bin/pip" install -q --progress-bar off --no-deps $want_nodeps
+  echo "$want $want_nodeps" >"$stamp"
 fi
 if [ -z "$torch_dir" ]; then
   torch_dir="$("$py" -c 'import torch,os;print(os.path.join(torch.utils.cmake_prefix_path,"Torch"))')"
