@@ -6,12 +6,12 @@
 #include <set>
 #include <string>
 
+#include "app/trainer.h"
 #include "core/data.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/safetensors.h"
 #include "core/tokenizer.h"
-#include "core/trainer.h"
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
@@ -50,12 +50,6 @@ int run_tokenize(int argc, char** argv) {
   return 0;
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // The model's HF tensors (hf_tensors: its parameters, plus deepseek_v3's expert biases) from a
 // flat safetensors file of our names, the file --to-safetensors writes: every tensor present
 // with its shape and a floating dtype, and nothing else, all checked before any tensor changes.
@@ -65,12 +59,12 @@ void load_tensors_file(const NamedTensors& tensors, const std::string& path) {
   for (auto& [name, t] : tensors) {
     names.insert(name);
     if (!f.contains(name))
-      throw UserError(path + " has no tensor '" + name + "' (shape " + shape_text(t.sizes().vec()) +
+      throw UserError(path + " has no tensor '" + name + "' (shape " + shape_str(t.sizes().vec()) +
                       ")");
     const SafetensorsEntry& e = f.entry(name);
     if (e.shape != t.sizes().vec())
-      throw UserError(path + ": tensor '" + name + "' has shape " + shape_text(e.shape) +
-                      "; expected " + shape_text(t.sizes().vec()));
+      throw UserError(path + ": tensor '" + name + "' has shape " + shape_str(e.shape) +
+                      "; expected " + shape_str(t.sizes().vec()));
     if (!at::isFloatingType(e.dtype))
       throw UserError(path + ": tensor '" + name + "' has dtype " +
                       safetensors_dtype_name(e.dtype) +
@@ -163,7 +157,7 @@ int run_subcommand(int argc, char** argv) {
 }
 
 int run_train_command(const JobConfig& cfg, const LaunchEnv& launch) {
-  return run_training(cfg, launch);
+  return Trainer(cfg, launch).run();
 }
 
 }  // namespace titan

@@ -1,51 +1,57 @@
-// Sharded, atomic, resumable checkpoints.
+// The checkpoint file format: sharded, atomic, resharding on load.
 //
-// Layout: <job.dump_folder>/<checkpoint.folder>/step-N/
-//   rank-RRRRR.safetensors  this rank's shards (model, optimizer state, buffers, RNG)
+// Layout: <root>/step-N/
+//   rank-RRRRR.safetensors  one rank's tensors (its rows of sharded ones)
 //   metadata.json           every global tensor: shape, dtype, and which rows of dim 0 each
-//                           shard holds, so a checkpoint saved on N ranks loads on M
-//   train_state.json        step, data-loader positions per rank, world size, the config
-// Each save goes to step-N.tmp-<pid> and is renamed to step-N only when every file is on
-// disk, so a folder named step-N is always complete (docs/checkpointing.md).
+//                           file holds, so a checkpoint saved on N ranks loads on M
+//   train_state.json        the step, data-loader position, world size, the config
+// Each save goes to step-N.tmp-<token> and is renamed to step-N only when every file is on
+// disk, so a folder named step-N is always complete (docs/checkpointing.md). What goes into
+// a checkpoint (model, optimizer, loader) is the app's business (app/checkpointer.h).
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <atomic>
+#include <nlohmann/json.hpp>
+
 #include <chrono>
-#include <functional>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "core/config.h"
-#include "core/data.h"
-#include "core/optimizer.h"
-#include "models/model.h"
+#include "core/safetensors.h"
 
 namespace titan {
 
-// The live training state a checkpoint captures and restores.
-struct TrainingState {
-  Model* model = nullptr;
-  AdamW* optimizer = nullptr;
-  PackedLoader* loader = nullptr;
-  int64_t step = 0;            // optimizer steps completed
-  int64_t lr_step_offset = 0;  // lr = schedule(step - offset); set when lr_scheduler is excluded
+// One tensor of a save: this rank's rows [dim0_offset, dim0_offset + t.size(0)) of a global
+// tensor of global_shape (all of it when unsharded).
+struct CheckpointEntry {
+  std::string key;
+  at::Tensor t;
+  std::vector<int64_t> global_shape;
+  int64_t dim0_offset = 0;
+};
+
+// What one rank contributes to a save. The tensors are ready to write (CPU), or about to
+// be once `ready` returns (a device-to-host copy still in flight).
+struct CheckpointSnapshot {
+  int64_t step = 0;
+  std::vector<CheckpointEntry> entries;
+  std::string train_state_json;  // rank 0's train_state.json
+  std::function<void()> ready;   // waits for the copies; empty when there are none
 };
 
 // How the ranks of a job share one save. A single process needs none of it (the default).
-// Sharded parameters (Param::sharded) are written by every rank with `writes`; everything
-// else (replicated values) by rank 0 only. Rank 0 merges the per-rank parts into
-// metadata.json and renames the folder once every writer has reported its file.
+// Rank 0 merges the per-rank parts into metadata.json and renames the folder once every
+// writer has reported its file.
 struct CheckpointGroup {
   int64_t rank = 0;
-  bool writes = true;   // this rank writes its shards (replicate index 0)
+  bool writes = true;   // this rank writes a file (replicate index 0 under HSDP)
   int64_t writers = 1;  // ranks that write
   std::string token;    // the same on every rank: names the shared temp folder
   // Counter in the job's store (ProcessGroup::store_add); unset for one process.
@@ -53,22 +59,16 @@ struct CheckpointGroup {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // waiting for the writers
 };
 
-class Checkpointer {
+class CheckpointWriter {
  public:
-  // dp_size: the data-parallel degree the loader position refers to (0: world_size); every
-  // rank's loader runs in lockstep, so one position (rank 0's) is saved.
-  Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size, int64_t dp_size = 0);
-  Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t world_size, int64_t dp_size);
-  ~Checkpointer();
+  CheckpointWriter(std::string root, CheckpointGroup group, int64_t world_size,
+                   int64_t keep_latest_k);
+  ~CheckpointWriter();
 
   const std::string& root() const { return root_; }
-  // Restores from the latest complete checkpoint under root() (or checkpoint.load_step), else
-  // from checkpoint.initial_load_path. Returns a description of what was loaded, or "" when
-  // training starts fresh. Throws UserError for a missing or incompatible checkpoint.
-  std::string load(TrainingState& st);
-  // Saves step st.step (async when checkpoint.async_mode says so). model_only drops the
-  // optimizer and training state (checkpoint.last_save_model_only on the final save).
-  void save(const TrainingState& st, bool model_only);
+  // Writes the snapshot now, or in a background thread when `async` (after waiting for the
+  // previous one). Throws UserError for a failed save; the previous checkpoint is kept.
+  void save(CheckpointSnapshot s, bool async);
   // Waits for a background save; rethrows its error.
   void wait();
 
@@ -76,35 +76,49 @@ class Checkpointer {
   static std::vector<int64_t> complete_steps(const std::string& root);
 
  private:
-  struct Entry {
-    std::string key;
-    at::Tensor t;                       // CPU copy of this rank's rows
-    std::vector<int64_t> global_shape;  // of the whole tensor
-    int64_t dim0_offset = 0;            // first global row in t
-  };
-  struct Snapshot {
-    int64_t step = 0;
-    std::vector<Entry> entries;  // what this rank writes
-    std::string train_state_json;
-  };
-  Snapshot snapshot(const TrainingState& st, bool model_only) const;
-  void write(const Snapshot& s);  // throws UserError; leaves the previous checkpoint intact
-  void load_folder(const std::string& dir, TrainingState& st, bool model_only,
-                   const std::vector<std::string>& exclude);
+  void write(const CheckpointSnapshot& s);
+  void finalize(const std::string& tmp, const CheckpointSnapshot& s);  // rank 0: merge, rename
   void prune();
 
-  void finalize(const std::string& tmp, const Snapshot& s);  // rank 0: merge, rename
-
-  JobConfig cfg_;
-  CheckpointGroup group_;
-  int64_t rank_, world_, dp_;
   std::string root_;
+  CheckpointGroup group_;
+  int64_t world_;
+  int64_t keep_latest_k_;
   std::thread writer_;
   std::exception_ptr writer_error_;
 };
 
-// Pre-emption: SIGTERM and SIGUSR1 set a flag that the train loop polls after each step.
-void install_preemption_handlers();
-int preemption_signal();  // 0 when none arrived
+// One complete step-N folder, read on demand. Every inconsistency is a UserError naming the
+// folder and the tensor.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string dir);
+
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& train_state() const { return train_state_; }
+  bool contains(const std::string& key) const;
+  // Keys starting with `prefix`, with their global shapes.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> keys(const std::string& prefix) const;
+  // Copies rows [begin, begin + rows) (rows -1: all) of tensor `key`, whose global shape must
+  // be `want`, into dst (converting the dtype). Returns false when the checkpoint lacks the
+  // tensor and it is not `required`. The rows may come from any number of files: this is where
+  // a checkpoint saved on N ranks is resharded.
+  bool restore_rows(const std::string& key, const std::vector<int64_t>& want, int64_t begin,
+                    int64_t rows, at::Tensor dst, bool required);
+  // The whole tensor `key` (nullopt when absent).
+  std::optional<at::Tensor> get(const std::string& key);
+
+ private:
+  // Rows [begin, begin + count) assembled from the shards that overlap them, with the
+  // tensor's global shape; nullopt when absent.
+  std::optional<std::pair<at::Tensor, std::vector<int64_t>>> fetch_rows(const std::string& key,
+                                                                        int64_t begin,
+                                                                        int64_t count);
+  SafetensorsFile& file(const std::string& name);
+
+  std::string dir_;
+  nlohmann::json meta_, train_state_;
+  std::map<std::string, SafetensorsFile> files_;
+};
 
 }  // namespace titan

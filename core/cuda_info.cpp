@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 namespace titan {
 
@@ -16,6 +17,10 @@ CudaDeviceInfo cuda_device_info(int device) {
   info.minor = p->minor;
   info.total_memory = static_cast<int64_t>(p->totalGlobalMem);
   return info;
+}
+
+void cuda_set_device(int device) {
+  if (at::hasCUDA()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
 }
 
 int64_t cuda_peak_allocated(int device) {

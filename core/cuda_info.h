@@ -14,6 +14,10 @@ struct CudaDeviceInfo {
 };
 
 CudaDeviceInfo cuda_device_info(int device);
+// Makes `device` the current CUDA device of this thread (no-op without CUDA). Called first
+// at start-up with LOCAL_RANK, so NCCL and every op that uses "the current device" land on
+// this rank's GPU rather than GPU 0.
+void cuda_set_device(int device);
 // Peak bytes allocated by the caching allocator on `device` since start (0 without CUDA).
 int64_t cuda_peak_allocated(int device);
 

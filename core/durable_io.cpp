@@ -6,10 +6,27 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "core/errors.h"
 
 namespace titan {
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw UserError(what + " '" + path + "': does not exist");
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError(what + " '" + path + "': is a folder; allowed: a file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UserError(what + " '" + path + "': cannot be read (" + std::strerror(errno) + ")");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw UserError(what + " '" + path + "': read failed");
+  return ss.str();
+}
 
 void write_file_durable(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";

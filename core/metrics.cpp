@@ -137,6 +137,7 @@ void MetricsLogger::log_validation(int64_t step, double loss, double ppl, int64_
   j["step"] = step;
   j["validation_loss"] = loss;
   j["validation_perplexity"] = ppl;
+  j["validation_tokens"] = tokens;
   write_json(j.dump());
   if (tb_) {
     tb_->add_scalar("validation_metrics/loss", loss, step);

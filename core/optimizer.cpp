@@ -35,10 +35,44 @@ void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
   if (cfg_.implementation == "fused") {
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, cfg_.beta1, cfg_.beta2, wd,
                       cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
-    return;
+  } else if (cfg_.implementation == "foreach") {
+    foreach_step(p, g, m, v, s, lr, wd);
+  } else {
+    loop_step(p, g, m, v, s, lr, wd);
   }
-  // for-loop / foreach: the textbook update, one parameter at a time. The bias corrections
-  // need the step on the host; this path is for checking the fused kernel, not for speed.
+}
+
+void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                         std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                         std::vector<at::Tensor>& s, double lr, double wd) const {
+  // Multi-tensor kernels with the bias corrections on the device (no host read of the step):
+  // p = p (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+  at::_foreach_mul_(p, 1.0 - lr * wd);
+  at::_foreach_lerp_(m, g, 1.0 - cfg_.beta1);
+  at::_foreach_mul_(v, cfg_.beta2);
+  at::_foreach_addcmul_(v, g, g, 1.0 - cfg_.beta2);
+  auto bc1 = at::_foreach_pow(cfg_.beta1, s);  // beta1^t, then 1 - beta1^t
+  at::_foreach_neg_(bc1);
+  at::_foreach_add_(bc1, 1.0);
+  auto bc2 = at::_foreach_pow(cfg_.beta2, s);
+  at::_foreach_neg_(bc2);
+  at::_foreach_add_(bc2, 1.0);
+  at::_foreach_sqrt_(bc2);
+  auto step = at::_foreach_div(bc1, lr);  // -lr / bc1 after the two in-place ops
+  at::_foreach_reciprocal_(step);
+  at::_foreach_neg_(step);
+  auto denom = at::_foreach_sqrt(v);
+  at::_foreach_div_(denom, bc2);
+  at::_foreach_add_(denom, cfg_.eps);
+  at::_foreach_div_(denom, step);  // m / (denom / step) = step * m / denom
+  at::_foreach_addcdiv_(p, m, denom);
+}
+
+void AdamW::loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                      std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                      std::vector<at::Tensor>& s, double lr, double wd) const {
+  // The textbook update, one parameter at a time, reading the step on the host: a reference
+  // for checking the other two, not for speed.
   for (size_t j = 0; j < p.size(); ++j) {
     const double t = s[j].item<double>();
     p[j].mul_(1.0 - lr * wd);

@@ -28,6 +28,14 @@ class AdamW {
 
  private:
   void step_group(const std::vector<size_t>& idx, double lr, double wd);
+  // optimizer.implementation = "foreach": multi-tensor ATen ops, no host read.
+  void foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                    std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                    std::vector<at::Tensor>& s, double lr, double wd) const;
+  // optimizer.implementation = "for-loop": one parameter at a time (a reference).
+  void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                 std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                 std::vector<at::Tensor>& s, double lr, double wd) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
   std::vector<size_t> decay_idx_, no_decay_idx_;

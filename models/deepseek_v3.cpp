@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "models/flavor_table.h"
+#include "models/llama3.h"
 
 namespace titan {
 
@@ -123,45 +124,46 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
     throw UserError("deepseek_v3 qk_rope_head_dim = " + std::to_string(a.qk_rope_head_dim) +
                     "; allowed: an even number");
   const int64_t H = a.n_heads, qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    return params_.add(name, at::empty(shape, opts), decay);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
+    return params_.add(name, std::move(shape), device, decay, init);
   };
-  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    // torchtitan's DeepSeek blocks always use depth init.
+    const double out_std = llama_out_std(l, a.n_layers, /*depth_init=*/true);
+    const InitSpec in = InitSpec::trunc_normal(0.02), out = InitSpec::trunc_normal(out_std);
+    const InitSpec ones = InitSpec::ones();
     LayerIdx L;
-    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false));
+    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false, ones));
     if (a.q_lora_rank == 0) {
-      L.w.push_back(P(p + "attention.wq.weight", {H * qk, a.dim}, true));
+      L.w.push_back(P(p + "attention.wq.weight", {H * qk, a.dim}, true, in));
     } else {
-      L.w.push_back(P(p + "attention.wq_a.weight", {a.q_lora_rank, a.dim}, true));
-      L.w.push_back(P(p + "attention.q_norm.weight", {a.q_lora_rank}, false));
-      L.w.push_back(P(p + "attention.wq_b.weight", {H * qk, a.q_lora_rank}, true));
+      L.w.push_back(P(p + "attention.wq_a.weight", {a.q_lora_rank, a.dim}, true, in));
+      L.w.push_back(P(p + "attention.q_norm.weight", {a.q_lora_rank}, false, ones));
+      L.w.push_back(P(p + "attention.wq_b.weight", {H * qk, a.q_lora_rank}, true, in));
     }
     L.w.push_back(
-        P(p + "attention.wkv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, a.dim}, true));
-    L.w.push_back(P(p + "attention.kv_norm.weight", {a.kv_lora_rank}, false));
+        P(p + "attention.wkv_a.weight", {a.kv_lora_rank + a.qk_rope_head_dim, a.dim}, true, in));
+    L.w.push_back(P(p + "attention.kv_norm.weight", {a.kv_lora_rank}, false, ones));
     L.w.push_back(P(p + "attention.wkv_b.weight",
-                    {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}, true));
-    L.w.push_back(P(p + "attention.wo.weight", {a.dim, H * a.v_head_dim}, true));
-    L.n_attn = static_cast<int64_t>(L.w.size()) - 1;
-    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false));
+                    {H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}, true, in));
+    L.w.push_back(P(p + "attention.wo.weight", {a.dim, H * a.v_head_dim}, true, out));
+    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false, ones));
     if (l >= a.n_dense_layers) {
-      moe_.push_back(
-          std::make_unique<MoELayer>(a.moe, a.dim, a.moe_inter_dim, p + "moe.", params_, device));
+      moe_.push_back(std::make_unique<MoELayer>(a.moe, a.dim, a.moe_inter_dim, p + "moe.", params_,
+                                                device, out_std));
       for (int64_t i : moe_.back()->param_indices()) L.w.push_back(i);
     } else {
       moe_.push_back(nullptr);
-      L.ffn_w1 = P(p + "feed_forward.w1.weight", {a.inter_dim, a.dim}, true);
-      L.ffn_w2 = P(p + "feed_forward.w2.weight", {a.dim, a.inter_dim}, true);
-      L.ffn_w3 = P(p + "feed_forward.w3.weight", {a.inter_dim, a.dim}, true);
-      for (int64_t i : {L.ffn_w1, L.ffn_w2, L.ffn_w3}) L.w.push_back(i);
+      L.w.push_back(P(p + "feed_forward.w1.weight", {a.inter_dim, a.dim}, true, in));
+      L.w.push_back(P(p + "feed_forward.w2.weight", {a.dim, a.inter_dim}, true, out));
+      L.w.push_back(P(p + "feed_forward.w3.weight", {a.inter_dim, a.dim}, true, out));
     }
     layers_.push_back(L);
   }
-  norm_ = P("norm.weight", {a.dim}, false);
-  output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  norm_ = P("norm.weight", {a.dim}, false, InitSpec::ones());
+  output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = yarn_rope_tables(a, device);
   softmax_scale_ = mla_softmax_scale(a);
   for (int64_t l = 0; l < a.n_layers; ++l)
@@ -173,35 +175,6 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
   info_ = base_info("deepseek_v3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = active_non_embedding_params();
   info_.attn_flops_dims = a.n_layers * H * (qk + a.v_head_dim);
-}
-
-void DeepSeekV3::init_weights(uint64_t seed) {
-  ParamInit init(params_, seed);
-  init.normal(tok_emb_, 1.0);
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    // torchtitan's DeepSeek blocks always use depth init.
-    const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(l + 1));
-    const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init.ones(L.w[0]);  // attention_norm
-    for (int64_t j = 1; j < L.n_attn; ++j) {
-      const int64_t i = L.w[static_cast<size_t>(j)];
-      if (params_[i].value.dim() == 1)
-        init.ones(i);  // q_norm, kv_norm
-      else
-        init.trunc_normal(i, 0.02);  // wq / wq_a, wq_b, wkv_a, wkv_b
-    }
-    init.trunc_normal(L.w[static_cast<size_t>(L.n_attn)], out_std);  // wo
-    init.ones(L.w[static_cast<size_t>(L.n_attn) + 1]);               // ffn_norm
-    if (MoELayer* m = moe_layer(l)) {
-      m->init_weights(params_, init.generator(), out_std);
-    } else {
-      init.trunc_normal(L.ffn_w1, 0.02);
-      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init.trunc_normal(i, out_std);
-    }
-  }
-  init.ones(norm_);
-  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  init.trunc_normal(output_, std, -3 * std, 3 * std);
 }
 
 at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {

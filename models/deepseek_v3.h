@@ -51,7 +51,6 @@ class DeepSeekV3 : public MoETransformer {
  public:
   DeepSeekV3(const DeepSeekV3Args& args, at::Device device);  // throws UserError for bad args
   at::Tensor forward(const at::Tensor& tokens) override;
-  void init_weights(uint64_t seed) override;
   const ModelInfo& info() const override { return info_; }
   const DeepSeekV3Args& args() const { return args_; }
 
@@ -60,8 +59,6 @@ class DeepSeekV3 : public MoETransformer {
     // attn_norm, (wq | wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo, ffn_norm, then the
     // dense FFN's w1, w2, w3 or the MoE layer's weights
     std::vector<int64_t> w;
-    int64_t n_attn = 0;  // how many of w belong to attention (after attn_norm)
-    int64_t ffn_w1 = -1, ffn_w2 = -1, ffn_w3 = -1;
   };
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
 

@@ -27,12 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // The shape each HF tensor of `m` has when ours has shape `ours`.
 std::vector<int64_t> hf_shape(const HfTensorMap& m, at::IntArrayRef ours) {
   if (m.transform == HfTransform::kSplitExperts) return {ours.begin() + 1, ours.end()};
@@ -281,13 +275,10 @@ HfFolder open_hf_folder(const std::string& dir) {
   const std::string index_path = dir + "/model.safetensors.index.json";
   const std::string single_path = dir + "/model.safetensors";
   if (fs::exists(index_path, ec)) {
-    std::ifstream in(index_path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) throw UserError("cannot read " + index_path);
+    const std::string text = read_file(index_path, "Hugging Face index");
     nlohmann::json index;
     try {
-      index = nlohmann::json::parse(ss.str());
+      index = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw UserError(index_path + ": not valid JSON: " + e.what());
     }
@@ -461,12 +452,10 @@ nlohmann::ordered_json read_hf_config(const std::string& dir_arg,
     log_warn(path + " is missing: " + missing_means);
     return nullptr;
   }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_file(path, "Hugging Face config");
   nlohmann::ordered_json cfg;
   try {
-    cfg = nlohmann::ordered_json::parse(ss.str());
+    cfg = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path + ": not valid JSON: " + e.what());
   }

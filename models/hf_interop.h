@@ -19,7 +19,7 @@
 
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
-#include "models/model.h"
+#include "core/model.h"
 
 namespace titan {
 

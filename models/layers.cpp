@@ -2,15 +2,7 @@
 
 #include <cmath>
 
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
-
 namespace titan {
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  // ATen's kernel upcasts internally; one op instead of five keeps the autograd graph small.
-  return at::rms_norm(x, {x.size(-1)}, w.to(x.scalar_type()), eps);
-}
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling& s,
                        at::Device device) {
@@ -68,82 +60,18 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 
-at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
-                  const at::Tensor& w3) {
-  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
-}
-
-void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen) {
-  // Sample U in [cdf(a), cdf(b)] and map through the inverse normal CDF.
-  auto cdf = [](double x) { return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))); };
-  const double lo = cdf((a - mean) / std), hi = cdf((b - mean) / std);
-  at::NoGradGuard ng;
-  t.uniform_(2 * lo - 1, 2 * hi - 1, gen);
-  t.erfinv_();
-  t.mul_(std * std::sqrt(2.0)).add_(mean);
-  t.clamp_(a, b);
-}
-
-namespace {
-
-thread_local int g_recompute_depth = 0;
-
-struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                int64_t fn_ptr, const at::Tensor& x,
-                                                at::TensorList weights) {
-    ctx->saved_data["fn"] = fn_ptr;
-    std::vector<at::Tensor> to_save{x};
-    to_save.insert(to_save.end(), weights.begin(), weights.end());
-    ctx->save_for_backward(to_save);
-    const auto& fn = *reinterpret_cast<const BlockFn*>(fn_ptr);
-    at::NoGradGuard no_grad;
-    return {fn(x, weights.vec())};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_out) {
-    const auto& fn = *reinterpret_cast<const BlockFn*>(ctx->saved_data["fn"].toInt());
-    auto saved = ctx->get_saved_variables();
-    // Recompute on detached inputs with grad enabled, then differentiate the local graph.
-    std::vector<at::Tensor> inputs;
-    for (auto& s : saved) inputs.push_back(s.detach().requires_grad_(s.requires_grad()));
-    at::Tensor x = inputs[0];
-    std::vector<at::Tensor> w(inputs.begin() + 1, inputs.end());
-    at::Tensor y;
-    {
-      at::AutoGradMode grad(true);
-      ++g_recompute_depth;
-      try {
-        y = fn(x, w);
-      } catch (...) {
-        --g_recompute_depth;
-        throw;
-      }
-      --g_recompute_depth;
-    }
-    std::vector<at::Tensor> need;
-    std::vector<size_t> where;
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].requires_grad()) need.push_back(inputs[i]), where.push_back(i);
-    auto grads = torch::autograd::grad({y}, need, {grad_out[0]}, /*retain_graph=*/false,
-                                       /*create_graph=*/false, /*allow_unused=*/true);
-    torch::autograd::variable_list out(inputs.size() + 1);  // [fn_ptr, x, w...]
-    for (size_t j = 0; j < where.size(); ++j) out[where[j] + 1] = grads[j];
-    return out;
-  }
-};
-
-}  // namespace
-
-at::Tensor checkpoint_block(const BlockFn& fn, const at::Tensor& x,
-                            const std::vector<at::Tensor>& weights) {
-  if (!at::GradMode::is_enabled()) return fn(x, weights);
-  return CheckpointBlock::apply(reinterpret_cast<int64_t>(&fn), x, at::TensorList(weights))[0];
-}
-
-bool is_recomputing() {
-  return g_recompute_depth > 0;
+at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
+                         const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
+                         int64_t n_kv_heads, const RopeTables& rope) {
+  const int64_t B = h.size(0), T = h.size(1);
+  const int64_t hd = wq.size(0) / n_heads;
+  at::Tensor q = at::linear(h, wq).view({B, T, n_heads, hd});
+  at::Tensor k = at::linear(h, wk).view({B, T, n_kv_heads, hd});
+  at::Tensor v = at::linear(h, wv).view({B, T, n_kv_heads, hd});
+  q = apply_rope(q, rope);
+  k = apply_rope(k, rope);
+  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+  return at::linear(attn, wo);
 }
 
 }  // namespace titan

@@ -1,16 +1,12 @@
-// Building blocks shared by the model families: RMSNorm, RoPE, causal attention, SwiGLU,
-// initializers and block recomputation for activation checkpointing.
+// Building blocks shared by the model families: RoPE and causal attention (RMSNorm and
+// SwiGLU are in core/functional.h, because the MoE layer uses them too).
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <functional>
-#include <vector>
+#include "core/functional.h"
 
 namespace titan {
-
-// x: (..., D), w: (D). Computed in fp32, returned in x's dtype.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 
 struct RopeScaling {
   double factor = 1.0;  // 1: no scaling. Llama-3.1 uses 8, Llama-3.2 uses 32.
@@ -35,21 +31,11 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale);
 
-// w2(silu(x w1^T) * (x w3^T)). x: (..., D); w1, w3: (F, D); w2: (D, F).
-at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
-                  const at::Tensor& w3);
-
-// In-place truncated normal on a CPU fp32 tensor: N(mean, std) clipped to [a, b] by
-// inverse-CDF sampling from `gen`.
-void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen);
-
-// Activation checkpointing: runs fn(x, weights) without saving activations and recomputes
-// it in backward. `fn` must outlive the backward pass (blocks keep theirs in the model).
-// While a block is being recomputed, is_recomputing() is true, so side effects such as MoE
-// token counting happen once per forward, not twice.
-using BlockFn = std::function<at::Tensor(const at::Tensor& x, const std::vector<at::Tensor>& w)>;
-at::Tensor checkpoint_block(const BlockFn& fn, const at::Tensor& x,
-                            const std::vector<at::Tensor>& weights);
-bool is_recomputing();
+// Grouped-query self-attention of Llama-3 and Llama-4 blocks, from the normed input h
+// (B, T, D) to the output projection's result (B, T, D): q/k/v projections, RoPE on q and k,
+// causal SDPA, wo. wq: (H * hd, D); wk, wv: (Hkv * hd, D); wo: (D, H * hd).
+at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
+                         const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
+                         int64_t n_kv_heads, const RopeTables& rope);
 
 }  // namespace titan

@@ -8,6 +8,17 @@
 
 namespace titan {
 
+double llama_out_std(int64_t layer, int64_t n_layers, bool depth_init) {
+  const double depth = depth_init ? 2.0 * static_cast<double>(layer + 1)
+                                  : 2.0 * static_cast<double>(n_layers);
+  return 0.02 / std::sqrt(depth);
+}
+
+InitSpec llama_output_init(int64_t dim) {
+  const double std = 1.0 / std::sqrt(static_cast<double>(dim));
+  return InitSpec::trunc_normal(std, -3 * std, 3 * std);
+}
+
 int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier) {
   int64_t h = static_cast<int64_t>(2.0 * 4.0 * static_cast<double>(dim) / 3.0);
   if (ffn_dim_multiplier > 0) h = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(h));
@@ -60,34 +71,34 @@ Llama3Args llama3_flavor(const std::string& flavor) {
 Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
   const int64_t hd = a.dim / a.n_heads;
   const int64_t ffn = llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier);
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    return params_.add(name, at::empty(shape, opts), decay);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
+    return params_.add(name, std::move(shape), device, decay, init);
   };
-  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    const InitSpec in = InitSpec::trunc_normal(0.02);
+    const InitSpec out = InitSpec::trunc_normal(llama_out_std(l, a.n_layers, a.depth_init));
     LayerIdx L;
-    L.attn_norm = P(p + "attention_norm.weight", {a.dim}, false);
-    L.wq = P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true);
-    L.wk = P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true);
-    L.wv = P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true);
-    L.wo = P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true);
-    L.ffn_norm = P(p + "ffn_norm.weight", {a.dim}, false);
-    L.w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true);
-    L.w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true);
-    L.w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true);
+    L.attn_norm = P(p + "attention_norm.weight", {a.dim}, false, InitSpec::ones());
+    L.wq = P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true, in);
+    L.wk = P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true, in);
+    L.wv = P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true, in);
+    L.wo = P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true, out);
+    L.ffn_norm = P(p + "ffn_norm.weight", {a.dim}, false, InitSpec::ones());
+    L.w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true, in);
+    L.w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true, out);
+    L.w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true, out);
     layers_.push_back(L);
   }
-  norm_ = P("norm.weight", {a.dim}, false);
-  if (!a.tie_embeddings) output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  norm_ = P("norm.weight", {a.dim}, false, InitSpec::ones());
+  if (!a.tie_embeddings)
+    output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const LayerIdx& L = layers_[static_cast<size_t>(l)];
     add_block({L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w1, L.w2, L.w3},
-              [this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
-                return block(l, x, w);
-              });
+              [this](const at::Tensor& x, const std::vector<at::Tensor>& w) { return block(x, w); });
   }
 
   info_ = base_info("llama3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
@@ -95,43 +106,11 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
 }
 
-void Llama3::init_weights(uint64_t seed) {
-  ParamInit init(params_, seed);
-  init.normal(tok_emb_, 1.0);
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
-                                          : 2.0 * static_cast<double>(args_.n_layers);
-    const double out_std = 0.02 / std::sqrt(depth);
-    const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init.ones(L.attn_norm);
-    init.ones(L.ffn_norm);
-    for (int64_t i : {L.wq, L.wk, L.wv}) init.trunc_normal(i, 0.02);
-    init.trunc_normal(L.wo, out_std);
-    init.trunc_normal(L.w1, 0.02);
-    for (int64_t i : {L.w2, L.w3}) init.trunc_normal(i, out_std);
-  }
-  init.ones(norm_);
-  if (output_ >= 0) {
-    const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-    init.trunc_normal(output_, std, -3 * std, 3 * std);
-  }
-}
-
-at::Tensor Llama3::block(int64_t layer, const at::Tensor& x,
-                         const std::vector<at::Tensor>& w) const {
+at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) const {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
-  const int64_t B = x.size(0), T = x.size(1);
-  const int64_t hd = args_.dim / args_.n_heads;
   at::Tensor h = rms_norm(x, w[0], args_.norm_eps);
-  at::Tensor q = at::linear(h, w[1]).view({B, T, args_.n_heads, hd});
-  at::Tensor k = at::linear(h, w[2]).view({B, T, args_.n_kv_heads, hd});
-  at::Tensor v = at::linear(h, w[3]).view({B, T, args_.n_kv_heads, hd});
-  q = apply_rope(q, rope_);
-  k = apply_rope(k, rope_);
-  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
-  at::Tensor y = x + at::linear(attn, w[4]);
+  at::Tensor y = x + gqa_attention(h, w[1], w[2], w[3], w[4], args_.n_heads, args_.n_kv_heads, rope_);
   return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
-  (void)layer;
 }
 
 at::Tensor Llama3::forward(const at::Tensor& tokens) {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/model.h"
 #include "models/layers.h"
-#include "models/model.h"
 
 namespace titan {
 
@@ -26,6 +26,12 @@ struct Llama3Args {
   bool depth_init = true;  // init std of output projections scales with layer depth
 };
 
+// torchtitan's init std of the output projections (wo, w2, w3) of block `layer`:
+// 0.02 / sqrt(2 * (layer + 1)) with depth init, else 0.02 / sqrt(2 * n_layers).
+double llama_out_std(int64_t layer, int64_t n_layers, bool depth_init);
+// The untied output layer: N(0, 1/sqrt(dim)) truncated at 3 std.
+InitSpec llama_output_init(int64_t dim);
+
 // h = int(2 * 4 * dim / 3); h = int(multiplier * h) if set; rounded up to multiple_of.
 int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier);
 
@@ -36,7 +42,6 @@ class Llama3 : public Model {
  public:
   Llama3(const Llama3Args& args, at::Device device);
   at::Tensor forward(const at::Tensor& tokens) override;
-  void init_weights(uint64_t seed) override;
   const ModelInfo& info() const override { return info_; }
   const Llama3Args& args() const { return args_; }
 
@@ -44,7 +49,7 @@ class Llama3 : public Model {
   struct LayerIdx {
     int64_t attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
   };
-  at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) const;
+  at::Tensor block(const at::Tensor& x, const std::vector<at::Tensor>& w) const;
 
   Llama3Args args_;
   ModelInfo info_;

@@ -78,35 +78,36 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
   const int64_t hd = a.dim / a.n_heads;
   const int64_t ffn = llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier);
   const int64_t expert_hidden = llama4_expert_hidden(a);
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    return params_.add(name, at::empty(shape, opts), decay);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
+    return params_.add(name, std::move(shape), device, decay, init);
   };
-  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false);
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
+    const InitSpec in = InitSpec::trunc_normal(0.02);
+    const double out_std = llama_out_std(l, a.n_layers, a.depth_init);
+    const InitSpec out = InitSpec::trunc_normal(out_std);
     LayerIdx L;
-    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false));
-    L.w.push_back(P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true));
-    L.w.push_back(P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true));
-    L.w.push_back(P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true));
-    L.w.push_back(P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true));
-    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false));
+    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false, InitSpec::ones()));
+    L.w.push_back(P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true, in));
+    L.w.push_back(P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true, in));
+    L.w.push_back(P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true, in));
+    L.w.push_back(P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true, out));
+    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false, InitSpec::ones()));
     if ((l + 1) % a.interleave_moe_layer_step == 0) {
-      moe_.push_back(
-          std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden, p + "moe.", params_, device));
+      moe_.push_back(std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden, p + "moe.", params_,
+                                                device, out_std));
       for (int64_t i : moe_.back()->param_indices()) L.w.push_back(i);
     } else {
       moe_.push_back(nullptr);
-      L.ffn_w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true);
-      L.ffn_w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true);
-      L.ffn_w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true);
-      for (int64_t i : {L.ffn_w1, L.ffn_w2, L.ffn_w3}) L.w.push_back(i);
+      L.w.push_back(P(p + "feed_forward.w1.weight", {ffn, a.dim}, true, in));
+      L.w.push_back(P(p + "feed_forward.w2.weight", {a.dim, ffn}, true, out));
+      L.w.push_back(P(p + "feed_forward.w3.weight", {ffn, a.dim}, true, out));
     }
     layers_.push_back(L);
   }
-  norm_ = P("norm.weight", {a.dim}, false);
-  output_ = P("output.weight", {a.vocab_size, a.dim}, true);
+  norm_ = P("norm.weight", {a.dim}, false, InitSpec::ones());
+  output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
   for (int64_t l = 0; l < a.n_layers; ++l)
     add_block(layers_[static_cast<size_t>(l)].w,
@@ -119,42 +120,10 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
 }
 
-void Llama4::init_weights(uint64_t seed) {
-  ParamInit init(params_, seed);
-  init.normal(tok_emb_, 1.0);
-  for (int64_t l = 0; l < args_.n_layers; ++l) {
-    const double depth = args_.depth_init ? 2.0 * static_cast<double>(l + 1)
-                                          : 2.0 * static_cast<double>(args_.n_layers);
-    const double out_std = 0.02 / std::sqrt(depth);
-    const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    init.ones(L.w[0]);
-    init.ones(L.w[5]);
-    for (size_t i = 1; i <= 3; ++i) init.trunc_normal(L.w[i], 0.02);
-    init.trunc_normal(L.w[4], out_std);
-    if (MoELayer* m = moe_layer(l)) {
-      m->init_weights(params_, init.generator(), out_std);
-    } else {
-      init.trunc_normal(L.ffn_w1, 0.02);
-      for (int64_t i : {L.ffn_w2, L.ffn_w3}) init.trunc_normal(i, out_std);
-    }
-  }
-  init.ones(norm_);
-  const double std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  init.trunc_normal(output_, std, -3 * std, 3 * std);
-}
-
 at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, then the FFN's or the MoE layer's weights
-  const int64_t B = x.size(0), T = x.size(1);
-  const int64_t hd = args_.dim / args_.n_heads;
   at::Tensor h = rms_norm(x, w[0], args_.norm_eps);
-  at::Tensor q = at::linear(h, w[1]).view({B, T, args_.n_heads, hd});
-  at::Tensor k = at::linear(h, w[2]).view({B, T, args_.n_kv_heads, hd});
-  at::Tensor v = at::linear(h, w[3]).view({B, T, args_.n_kv_heads, hd});
-  q = apply_rope(q, rope_);
-  k = apply_rope(k, rope_);
-  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
-  at::Tensor y = x + at::linear(attn, w[4]);
+  at::Tensor y = x + gqa_attention(h, w[1], w[2], w[3], w[4], args_.n_heads, args_.n_kv_heads, rope_);
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));

@@ -42,14 +42,12 @@ class Llama4 : public MoETransformer {
  public:
   Llama4(const Llama4Args& args, at::Device device);  // throws UserError for bad MoE args
   at::Tensor forward(const at::Tensor& tokens) override;
-  void init_weights(uint64_t seed) override;
   const ModelInfo& info() const override { return info_; }
   const Llama4Args& args() const { return args_; }
 
  private:
   struct LayerIdx {
     std::vector<int64_t> w;  // attn_norm, wq, wk, wv, wo, ffn_norm, then w1, w2, w3 or MoE
-    int64_t ffn_w1 = -1, ffn_w2 = -1, ffn_w3 = -1;  // dense layers
   };
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
 

@@ -43,20 +43,20 @@ std::map<std::string, double> MoETransformer::extra_metrics() {
 }
 
 int64_t MoETransformer::active_non_embedding_params() const {
+  // Only top_k of the num_experts routed experts touch a token.
+  const int64_t E = num_experts();
+  const int64_t K = E > 0 ? moe_layers().front()->args().top_k : 0;
   int64_t n = 0;
   for (auto& p : params_.all()) {
-    if (p.name.find("tok_embeddings") != std::string::npos) continue;
-    n += p.value.numel();
-  }
-  for (auto* m : moe_layers()) {
-    // Only top_k of the num_experts routed experts touch a token.
-    const int64_t E = m->args().num_experts, K = m->args().top_k;
-    int64_t experts = 0;
-    for (const char* w : {"experts.w1", "experts.w2", "experts.w3"})
-      experts += params_[params_.index_of(m->prefix() + w)].value.numel();
-    n -= experts - experts * K / E;
+    if (p.name == "tok_embeddings.weight") continue;
+    const int64_t numel = p.value.numel();
+    n += p.expert() ? numel * K / E : numel;
   }
   return n;
+}
+
+void MoETransformer::reset_state() {
+  for (auto* m : moe_layers()) m->reset_state();
 }
 
 void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device) {
@@ -83,9 +83,9 @@ int64_t MoETransformer::num_experts() const {
   return 0;
 }
 
-void MoETransformer::set_expert_parallel(const ExpertParallel& ep) {
+void MoETransformer::set_expert_exchange(std::shared_ptr<ExpertExchange> ex) {
   for (auto& m : moe_)
-    if (m) m->set_expert_parallel(ep);
+    if (m) m->set_expert_exchange(ex);
 }
 
 }  // namespace titan

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "models/model.h"
+#include "core/model.h"
 #include "moe/moe_layer.h"
 
 namespace titan {
@@ -30,12 +30,12 @@ class MoETransformer : public Model {
   // The MoE layer of transformer layer l, or nullptr for a dense layer.
   MoELayer* moe_layer(int64_t l) const { return moe_[static_cast<size_t>(l)].get(); }
   std::vector<MoELayer*> moe_layers() const;
-  // Number of routed experts per MoE layer (0 when there is no MoE layer).
-  int64_t num_experts() const;
-  // Installs expert parallelism in every MoE layer (see MoELayer::set_expert_parallel).
-  void set_expert_parallel(const ExpertParallel& ep);
+  int64_t num_experts() const override;
+  // Installs expert parallelism in every MoE layer (see MoELayer::set_expert_exchange).
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) override;
 
  protected:
+  void reset_state() override;
   // Call first in forward(): a forward with grad mode on is a training forward.
   void begin_forward() { training_ = at::GradMode::is_enabled(); }
   MoELayer::Mode moe_mode(int64_t l) const { return {training_, training_ && recompute_block(l)}; }

@@ -1,53 +1,40 @@
 #include "moe/moe_layer.h"
 
-#include "models/layers.h"
-
-#include <torch/csrc/autograd/custom_function.h>
+#include "core/functional.h"
+#include "core/recompute.h"
 
 namespace titan {
 
 MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::string& prefix,
-                   ParamStore& store, at::Device device)
+                   ParamStore& store, at::Device device, double init_std)
     : args_(a), dim_(dim), hidden_(hidden), prefix_(prefix) {
   const int64_t E = a.num_experts;
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    int64_t i = store.add(prefix + name, at::empty(shape, opts), decay);
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, double std,
+               ParamKind kind = ParamKind::Dense) {
+    const InitSpec init = std > 0 ? InitSpec::trunc_normal(std) : InitSpec::zeros();
+    int64_t i = store.add(prefix + name, std::move(shape), device, decay, init, kind);
     params_.push_back(i);
     return i;
   };
-  gate_w_ = P("router.gate.weight", {E, dim}, true);
-  if (a.gate_bias) gate_b_ = P("router.gate.bias", {E}, false);
-  w1_ = P("experts.w1", {E, hidden, dim}, true);
-  w2_ = P("experts.w2", {E, dim, hidden}, true);
-  w3_ = P("experts.w3", {E, hidden, dim}, true);
+  gate_w_ = P("router.gate.weight", {E, dim}, true, init_std);
+  if (a.gate_bias) gate_b_ = P("router.gate.bias", {E}, false, 0.0);
+  w1_ = P("experts.w1", {E, hidden, dim}, true, 0.02, ParamKind::Expert);
+  w2_ = P("experts.w2", {E, dim, hidden}, true, init_std, ParamKind::Expert);
+  w3_ = P("experts.w3", {E, hidden, dim}, true, init_std, ParamKind::Expert);
   if (a.num_shared_experts > 0) {
     const int64_t hs = hidden * a.num_shared_experts;
-    sw1_ = P("shared_experts.w1.weight", {hs, dim}, true);
-    sw2_ = P("shared_experts.w2.weight", {dim, hs}, true);
-    sw3_ = P("shared_experts.w3.weight", {hs, dim}, true);
+    sw1_ = P("shared_experts.w1.weight", {hs, dim}, true, 0.02);
+    sw2_ = P("shared_experts.w2.weight", {dim, hs}, true, init_std);
+    sw3_ = P("shared_experts.w3.weight", {hs, dim}, true, init_std);
   }
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
   expert_bias = at::zeros({E}, opts);
   tokens_per_expert = at::zeros({E}, opts);
   load_since_log = at::zeros({E}, opts);
 }
 
-void MoELayer::init_weights(ParamStore& store, at::Generator& gen, double init_std) {
+void MoELayer::reset_state() {
   at::NoGradGuard ng;
-  auto trunc = [&](int64_t i, double std) {
-    if (i < 0) return;
-    at::Tensor cpu = at::empty(store[i].full_shape(), at::kFloat);
-    trunc_normal_(cpu, 0.0, std, -2.0, 2.0, gen);
-    store.assign(i, cpu);
-  };
-  trunc(gate_w_, init_std);
-  if (gate_b_ >= 0) store.fill(gate_b_, 0.0);
-  trunc(w1_, 0.02);
-  trunc(w2_, init_std);
-  trunc(w3_, init_std);
-  trunc(sw1_, 0.02);
-  trunc(sw2_, init_std);
-  trunc(sw3_, init_std);
   expert_bias.zero_();
   tokens_per_expert.zero_();
   load_since_log.zero_();
@@ -81,8 +68,8 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     routed = (routed.to(at::kFloat) * top_sorted.unsqueeze(1)).to(x.scalar_type());
 
   at::Tensor out_sorted;
-  if (ep_.size > 1) {
-    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d, ep_, args_.backend);
+  if (ep_) {
+    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d);
   } else if (grouped) {
     out_sorted = grouped_experts(routed, w1, w2, w3, d);
   } else {
@@ -132,108 +119,26 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   return out.view({B, S, D});
 }
 
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// Differentiable row all-to-all: the gradient travels back along the reversed splits.
-struct AllToAll : public torch::autograd::Function<AllToAll> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t ep_ptr,
-                               std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
-    const auto& ep = *reinterpret_cast<const ExpertParallel*>(ep_ptr);
-    ctx->saved_data["ep"] = ep_ptr;
-    ctx->saved_data["out"] = out_splits;
-    ctx->saved_data["in"] = in_splits;
-    int64_t rows = 0;
-    for (int64_t n : out_splits) rows += n;
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape[0] = rows;
-    at::Tensor out = at::empty(shape, x.options());
-    ep.all_to_all(out, x.contiguous(), out_splits, in_splits);
-    return {out};
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    const auto& ep = *reinterpret_cast<const ExpertParallel*>(ctx->saved_data["ep"].toInt());
-    auto out_splits = ctx->saved_data["out"].toIntVector();
-    auto in_splits = ctx->saved_data["in"].toIntVector();
-    int64_t rows = 0;
-    for (int64_t n : in_splits) rows += n;
-    std::vector<int64_t> shape = g[0].sizes().vec();
-    shape[0] = rows;
-    at::Tensor gx = at::empty(shape, g[0].options());
-    ep.all_to_all(gx, g[0].contiguous(), in_splits, out_splits);
-    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-}  // namespace
-
-at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
-                                   const ExpertParallel& ep, ExpertsBackend backend) {
-  const int64_t P = ep.size, E = d.num_experts, El = E / P;
-  TORCH_CHECK(El * P == E && w1.size(0) == El, "expert parallelism: ", E, " experts over ", P,
-              " ranks but this rank holds ", w1.size(0));
-  // 1. Counts: recv_counts[src * El + j] = rows rank src sends to local expert j.
-  at::Tensor send_counts = d.counts.to(at::kLong).contiguous();
-  at::Tensor recv_counts = at::empty({E}, send_counts.options());
-  const std::vector<int64_t> even(static_cast<size_t>(P), El);
-  {
-    at::NoGradGuard ng;
-    ep.all_to_all(recv_counts, send_counts, even, even);
-  }
-  // 2. The expert-parallel host sync: the row splits must be host integers.
-  at::Tensor both = at::cat({send_counts, recv_counts}).to(at::kCPU);
-  const int64_t* c = both.data_ptr<int64_t>();
-  std::vector<int64_t> in_splits(static_cast<size_t>(P), 0), out_splits(static_cast<size_t>(P), 0);
-  std::vector<int64_t> local_counts(static_cast<size_t>(El), 0);
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t j = 0; j < El; ++j) {
-      in_splits[static_cast<size_t>(r)] += c[r * El + j];
-      out_splits[static_cast<size_t>(r)] += c[E + r * El + j];
-      local_counts[static_cast<size_t>(j)] += c[E + r * El + j];
-    }
-  // 3. Rows out: x_sorted is in expert order, so each destination's rows are contiguous.
-  at::Tensor recv = AllToAll::apply(x_sorted, reinterpret_cast<int64_t>(&ep), out_splits,
-                                    in_splits)[0];  // (R, D): [src][local expert]
-  // 4. Regroup [src][expert] -> [expert][src]; within an expert, rows keep source-rank order
-  //    and each source's own order.
-  std::vector<int64_t> block_start(static_cast<size_t>(E));
-  int64_t pos = 0;
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t j = 0; j < El; ++j) {
-      block_start[static_cast<size_t>(r * El + j)] = pos;
-      pos += c[E + r * El + j];
-    }
-  std::vector<int64_t> perm;
-  perm.reserve(static_cast<size_t>(pos));
-  for (int64_t j = 0; j < El; ++j)
-    for (int64_t r = 0; r < P; ++r) {
-      const int64_t s = block_start[static_cast<size_t>(r * El + j)];
-      for (int64_t i = 0; i < c[E + r * El + j]; ++i) perm.push_back(s + i);
-    }
-  std::vector<int64_t> inv(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i)
-    inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
-  const auto idx_opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor perm_t = at::tensor(perm, idx_opts).to(x_sorted.device());
-  at::Tensor inv_t = at::tensor(inv, idx_opts).to(x_sorted.device());
-  at::Tensor x_local = recv.index_select(0, perm_t);
-  // 5. The local experts.
-  at::Tensor y_local;
-  if (backend == ExpertsBackend::GroupedMM) {
-    at::Tensor ids =
-        at::repeat_interleave(at::arange(El, idx_opts.device(x_sorted.device())),
-                              at::tensor(local_counts, idx_opts).to(x_sorted.device()));
-    Dispatch dl = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(backend));
-    y_local = grouped_experts(x_local, w1, w2, w3, dl);
+at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
+                                             const at::Tensor& w2, const at::Tensor& w3,
+                                             const Dispatch& d) {
+  // The exchange's host read of the split sizes is expert parallelism's named sync.
+  ExpertExchange::Received got = ep_->dispatch(routed, d.counts);
+  const int64_t El = static_cast<int64_t>(got.local_counts.size());
+  TORCH_CHECK(w1.size(0) == El, "expert parallelism: this rank holds ", w1.size(0),
+              " experts but receives rows for ", El);
+  at::Tensor y;
+  if (args_.backend == ExpertsBackend::GroupedMM) {
+    const auto idx = at::TensorOptions().dtype(at::kLong).device(routed.device());
+    at::Tensor ids = at::repeat_interleave(at::arange(El, idx),
+                                           at::tensor(got.local_counts, idx.device(at::kCPU))
+                                               .to(routed.device()));
+    Dispatch local = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(args_.backend));
+    y = grouped_experts(got.rows, w1, w2, w3, local);
   } else {
-    y_local = loop_experts(x_local, w1, w2, w3, local_counts);
+    y = loop_experts(got.rows, w1, w2, w3, got.local_counts);
   }
-  // 6. Back to [src][expert] order, and home.
-  at::Tensor y_recv = y_local.index_select(0, inv_t);
-  return AllToAll::apply(y_recv, reinterpret_cast<int64_t>(&ep), in_splits, out_splits)[0];
+  return ep_->combine(y, got);
 }
 
 at::Tensor MoELayer::take_aux_loss() {

@@ -10,11 +10,13 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "models/model.h"
+#include "core/expert_exchange.h"
+#include "core/model.h"
 #include "moe/experts.h"
 #include "moe/router.h"
 
@@ -29,17 +31,6 @@ struct MoEArgs : RouterArgs {
   ExpertsBackend backend = ExpertsBackend::Loop;
 };
 
-// Expert parallelism (parallel/fsdp.h shards the expert weights to match): the layer holds
-// experts [rank * E/size, (rank + 1) * E/size) and exchanges token rows with the other ep
-// ranks through `all_to_all` (ProcessGroup::all_to_all semantics: dim-0 row splits).
-struct ExpertParallel {
-  int64_t size = 1;
-  int64_t rank = 0;
-  std::function<void(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
-                     const std::vector<int64_t>& in_splits)>
-      all_to_all;
-};
-
 class MoELayer {
  public:
   // How the model is running this forward.
@@ -48,15 +39,16 @@ class MoELayer {
     bool checkpointed = false;  // the block will be recomputed in backward
   };
 
-  // Registers the parameters under `prefix` (e.g. "layers.1.moe.") in `store`.
+  // Registers the parameters under `prefix` (e.g. "layers.1.moe.") in `store`, with
+  // torchtitan's init: experts.w1 N(0, 0.02), w2/w3 and the gate N(0, init_std), all
+  // truncated to [-2, 2]; the shared experts like a dense FFN; the gate bias zero.
   MoELayer(const MoEArgs& args, int64_t dim, int64_t hidden, const std::string& prefix,
-           ParamStore& store, at::Device device);
+           ParamStore& store, at::Device device, double init_std);
 
   // Store indices of the weights forward() takes, in its order.
   const std::vector<int64_t>& param_indices() const { return params_; }
-  // torchtitan's init: experts.w1 N(0, 0.02), w2/w3 and the gate N(0, init_std), all
-  // truncated to [-2, 2]; the shared experts like a dense FFN; buffers zeroed.
-  void init_weights(ParamStore& store, at::Generator& gen, double init_std);
+  // Zeroes the balancing state (expert bias, counts) and drops pending recompute counts.
+  void reset_state();
 
   // x: (B, S, D) -> (B, S, D). w: compute forms of param_indices().
   at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& w, Mode mode);
@@ -65,8 +57,10 @@ class MoELayer {
   at::Tensor take_aux_loss();
 
   const MoEArgs& args() const { return args_; }
-  void set_expert_parallel(ExpertParallel ep) { ep_ = std::move(ep); }
-  const ExpertParallel& expert_parallel() const { return ep_; }
+  // Expert parallelism: this layer then holds experts [r*E/P, (r+1)*E/P) of ex's rank r
+  // (parallel/fsdp.h shards the expert weights to match) and exchanges its routed rows
+  // through `ex`.
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { ep_ = std::move(ex); }
   int64_t hidden() const { return hidden_; }
   const std::string& prefix() const { return prefix_; }
 
@@ -87,18 +81,15 @@ class MoELayer {
   std::vector<int64_t> params_;
   int64_t gate_w_ = -1, gate_b_ = -1, w1_ = -1, w2_ = -1, w3_ = -1;
   int64_t sw1_ = -1, sw2_ = -1, sw3_ = -1;
+  // The routed experts under expert parallelism: rows out to the ranks holding their
+  // experts, this rank's experts, rows home.
+  at::Tensor expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
+                                     const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d);
+
   std::deque<std::vector<int64_t>> pending_counts_;
   at::Tensor aux_;
-  ExpertParallel ep_;
+  std::shared_ptr<ExpertExchange> ep_;
 };
-
-// The routed experts under expert parallelism: x_sorted (N, D) rows in expert order with
-// per-expert counts d.counts (all E experts) -> (N, D) expert outputs in the same order.
-// Exchanges counts, then rows, with the ep ranks; w1/w2/w3 hold this rank's E/size experts.
-// Host sync (named): the split sizes of the row all-to-all are read once per call.
-at::Tensor expert_parallel_experts(const at::Tensor& x_sorted, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
-                                   const ExpertParallel& ep, ExpertsBackend backend);
 
 // Once per optimizer step (DeepSeek's aux-loss-free balancing, arXiv 2408.15664): sums the
 // counts over data-parallel ranks with `dp_allreduce` (if set), then per layer

@@ -5,8 +5,8 @@
 namespace titan {
 
 DataParallel::DataParallel(ProcessGroup& pg, const std::vector<at::Tensor>& params,
-                           int64_t bucket_bytes)
-    : pg_(pg) {
+                           at::ScalarType reduce_dtype, int64_t bucket_bytes)
+    : pg_(pg), reduce_dtype_(reduce_dtype) {
   int64_t bytes = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t b = params[i].numel() * static_cast<int64_t>(sizeof(float));
@@ -17,6 +17,11 @@ DataParallel::DataParallel(ProcessGroup& pg, const std::vector<at::Tensor>& para
     buckets_.back().push_back(i);
     bytes += b;
   }
+}
+
+std::string DataParallel::describe() const {
+  return std::to_string(buckets_.size()) + " gradient buckets, all-reduce in " +
+         c10::toString(reduce_dtype_);
 }
 
 void DataParallel::broadcast_state(Model& model) {
@@ -44,11 +49,12 @@ void DataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
       const at::Tensor& g = params[i].grad();
       // A parameter no token reached this step (an idle MoE expert) has no gradient here but
       // may have one on another rank: it contributes zeros.
-      flat.push_back(g.defined() ? g.reshape({-1}).to(at::kFloat)
+      flat.push_back(g.defined() ? g.reshape({-1})
                                  : at::zeros({params[i].numel()}, params[i].options()));
     }
-    at::Tensor buf = at::cat(flat);
+    at::Tensor buf = at::cat(flat).to(reduce_dtype_);
     pg_.allreduce(buf, ReduceOp::Sum);
+    if (buf.scalar_type() != at::kFloat) buf = buf.to(at::kFloat);
     int64_t off = 0;
     for (size_t i : bucket) {
       at::Tensor p = params[i];

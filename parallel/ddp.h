@@ -5,10 +5,11 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
-#include "core/trainer.h"
-#include "models/model.h"
+#include "core/grad_sync.h"
+#include "core/model.h"
 #include "parallel/process_group.h"
 
 namespace titan {
@@ -16,9 +17,10 @@ namespace titan {
 class DataParallel : public GradSync {
  public:
   // Buckets hold at most bucket_bytes of fp32 gradients (one parameter larger than that gets
-  // a bucket of its own).
+  // a bucket of its own). Gradients are all-reduced in reduce_dtype
+  // (training.mixed_precision_reduce) and land in the fp32 gradients.
   DataParallel(ProcessGroup& pg, const std::vector<at::Tensor>& params,
-               int64_t bucket_bytes = 25 << 20);
+               at::ScalarType reduce_dtype = at::kFloat, int64_t bucket_bytes = 25 << 20);
 
   // Copies rank 0's parameters and model buffers to every rank, so the replicas start equal
   // whatever each rank's initialization or checkpoint load did.
@@ -30,11 +32,12 @@ class DataParallel : public GradSync {
   // local squared norm is the global one; summing it over ranks would count it dp times.
   void reduce_norm_sq(at::Tensor&) override {}
 
-  // The number of buckets, for the startup log.
-  size_t num_buckets() const { return buckets_.size(); }
+  // "N gradient buckets, all-reduce in float32", for the startup log.
+  std::string describe() const;
 
  private:
   ProcessGroup& pg_;
+  at::ScalarType reduce_dtype_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices per bucket
 };
 

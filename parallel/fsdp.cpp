@@ -122,85 +122,73 @@ struct FullyShardedDataParallel::Regather : public torch::autograd::Function<Reg
   }
 };
 
+void FullyShardedDataParallel::shard_param(Unit& u, int64_t ui, int64_t i) {
+  Param& p = model_.params().all()[static_cast<size_t>(i)];
+  TORCH_CHECK(!p.sharded(), "parameter ", p.name, " is already sharded");
+  // Under expert parallelism this rank's experts are rows [ep_index * E/ep, + E/ep).
+  const std::vector<int64_t> global = p.value.sizes().vec();
+  TORCH_CHECK(!global.empty(), "cannot shard the scalar parameter ", p.name);
+  int64_t base = 0, rows = global[0];
+  if (p.expert() && mesh_.ep > 1) {
+    TORCH_CHECK(rows % mesh_.ep == 0, p.name, ": ", rows, " experts over ep ", mesh_.ep);
+    rows /= mesh_.ep;
+    base = mesh_.ep_index * rows;
+  }
+  const int64_t n = u.group->size(), r = u.group->rank();
+  const int64_t chunk = (rows + n - 1) / n;
+  const int64_t begin = std::min(rows, r * chunk);
+  const int64_t valid = std::min(rows, begin + chunk) - begin;
+  std::vector<int64_t> shard_shape = global;
+  shard_shape[0] = chunk;
+  // A deferred (meta) parameter is allocated here for the first time, shard-sized; the
+  // caller initializes it afterwards (ParamStore::initialize writes this rank's rows).
+  at::Tensor shard =
+      at::zeros(shard_shape, p.value.options().device(p.device).requires_grad(false));
+  if (valid > 0 && !p.value.is_meta())
+    shard.narrow(0, 0, valid).copy_(p.value.narrow(0, base + begin, valid));
+  std::vector<int64_t> full_shape = global;
+  full_shape[0] = rows;
+  u.params.push_back(i);
+  u.full_shape.push_back(full_shape);
+  u.chunk_rows.push_back(chunk);
+  u.chunk_numel.push_back(numel_of(shard_shape));
+  u.chunk_total += numel_of(shard_shape);
+  where_[static_cast<size_t>(i)] = {ui, static_cast<int64_t>(u.params.size() - 1)};
+  p.global_shape = global;
+  p.dim0_offset = base + begin;
+  p.dim0_rows = valid;
+  p.value = shard.requires_grad_(true);
+}
+
 FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
                                                    const FsdpOptions& opts)
     : model_(model), mesh_(mesh), opts_(opts) {
   at::NoGradGuard ng;
   auto& params = model.params().all();
-  std::map<std::string, size_t> by_name;
   block_units_.resize(static_cast<size_t>(model.info().n_layers));
   where_.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    TORCH_CHECK(!p.sharded(), "parameter ", p.name, " is already sharded");
-    // Unit key: "layers.N" per block, "tok_embeddings", and "head" for norm + output.
-    std::string key = p.name.substr(0, p.name.find('.'));
-    int64_t block = -1;
-    if (key == "layers") {
-      const size_t dot2 = p.name.find('.', 7);
-      block = std::stoll(p.name.substr(7, dot2 - 7));
-      key = p.name.substr(0, dot2);
-    } else if (key != "tok_embeddings") {
-      key = "head";
-    }
-    const bool expert = p.name.find(".moe.experts.") != std::string::npos;
-    if (expert && mesh.ep > 1) key += ".experts";
-    ProcessGroup* group = expert && mesh.ep > 1 ? mesh.efsdp_group : mesh.shard_group;
-    if (!by_name.count(key)) {
-      by_name[key] = units_.size();
-      units_.push_back(std::make_unique<Unit>());
-      units_.back()->name = key;
-      units_.back()->group = group;
-      units_.back()->reshard_after_forward = block >= 0 && opts.reshard_after_forward;
-      if (block >= 0)
-        block_units_[static_cast<size_t>(block)].push_back(static_cast<int64_t>(units_.size() - 1));
-    }
-    const size_t ui = by_name[key];
-    Unit& u = *units_[ui];
-    TORCH_CHECK(u.group == group, "unit ", key, " mixes process groups");
-
-    // Under expert parallelism this rank's experts are rows [ep_index * E/ep, + E/ep).
-    const std::vector<int64_t> global = p.value.sizes().vec();
-    TORCH_CHECK(!global.empty(), "cannot shard the scalar parameter ", p.name);
-    int64_t base = 0, rows = global[0];
-    if (expert && mesh.ep > 1) {
-      TORCH_CHECK(rows % mesh.ep == 0, p.name, ": ", rows, " experts over ep ", mesh.ep);
-      rows /= mesh.ep;
-      base = mesh.ep_index * rows;
-    }
-    const int64_t n = group->size(), r = group->rank();
-    const int64_t chunk = (rows + n - 1) / n;
-    const int64_t begin = std::min(rows, r * chunk);
-    const int64_t valid = std::min(rows, begin + chunk) - begin;
-    std::vector<int64_t> shard_shape = global;
-    shard_shape[0] = chunk;
-    // A deferred (meta) parameter is allocated here for the first time, shard-sized; the
-    // caller initializes it afterwards (ParamStore::assign writes this rank's rows).
-    at::Tensor shard =
-        at::zeros(shard_shape, p.value.options().device(p.device).requires_grad(false));
-    if (valid > 0 && !p.value.is_meta())
-      shard.narrow(0, 0, valid).copy_(p.value.narrow(0, base + begin, valid));
-    std::vector<int64_t> full_shape = global;
-    full_shape[0] = rows;
-    u.params.push_back(static_cast<int64_t>(i));
-    u.full_shape.push_back(full_shape);
-    u.chunk_rows.push_back(chunk);
-    u.chunk_numel.push_back(numel_of(shard_shape));
-    u.chunk_total += numel_of(shard_shape);
-    where_[i] = {static_cast<int64_t>(ui), static_cast<int64_t>(u.params.size() - 1)};
-    p.global_shape = global;
-    p.dim0_offset = base + begin;
-    p.dim0_rows = valid;
-    p.value = shard.requires_grad_(true);
-  }
-  // Forward order: embeddings, blocks in order (a block's own units, then the next block's),
-  // then the head. Each unit prefetches the next one of its own process group.
+  // The model's units, in forward order; under expert parallelism a block's expert weights
+  // form a unit of their own over the efsdp group.
   std::vector<int64_t> order;
-  if (by_name.count("tok_embeddings"))
-    order.push_back(static_cast<int64_t>(by_name["tok_embeddings"]));
-  for (auto& b : block_units_)
-    for (int64_t ui : b) order.push_back(ui);
-  if (by_name.count("head")) order.push_back(static_cast<int64_t>(by_name["head"]));
+  for (const ParamUnit& pu : model.param_units()) {
+    std::vector<int64_t> dense, expert;
+    for (int64_t i : pu.params)
+      (params[static_cast<size_t>(i)].expert() && mesh.ep > 1 ? expert : dense).push_back(i);
+    for (auto* part : {&dense, &expert}) {
+      if (part->empty()) continue;
+      const bool ex = part == &expert;
+      auto u = std::make_unique<Unit>();
+      u->name = pu.name + (ex ? ".experts" : "");
+      u->group = ex ? mesh.efsdp_group : mesh.shard_group;
+      u->reshard_after_forward = pu.block >= 0 && opts.reshard_after_forward;
+      const int64_t ui = static_cast<int64_t>(units_.size());
+      if (pu.block >= 0) block_units_[static_cast<size_t>(pu.block)].push_back(ui);
+      order.push_back(ui);
+      for (int64_t i : *part) shard_param(*u, ui, i);
+      units_.push_back(std::move(u));
+    }
+  }
+  // Each unit prefetches the next one of its own process group.
   if (opts.prefetch)
     for (size_t a = 0; a < order.size(); ++a)
       for (size_t b = a + 1; b < order.size(); ++b)
@@ -212,7 +200,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
   if (mesh.replicate > 1) {
     std::vector<at::Tensor> shards;
     for (auto& p : params) shards.push_back(p.value);
-    replicate_sync_ = std::make_unique<DataParallel>(*mesh.replicate_group, shards);
+    replicate_sync_ =
+        std::make_unique<DataParallel>(*mesh.replicate_group, shards, opts.reduce_dtype);
   }
   model.set_weight_fn([this](int64_t i) { return weight(i); });
   model.set_block_done_fn([this](int64_t b, const at::Tensor& out) { return after_block(b, out); });

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "core/grad_sync.h"
+#include "core/model.h"
 #include "core/optimizer.h"
-#include "core/trainer.h"
-#include "models/model.h"
 #include "parallel/ddp.h"
 #include "parallel/mesh.h"
 
@@ -60,6 +60,8 @@ class FullyShardedDataParallel : public GradSync {
   struct Unit;
   struct Gather;
   struct Regather;
+  // Cuts parameter i to this rank's rows and appends it to unit u (index ui).
+  void shard_param(Unit& u, int64_t ui, int64_t i);
   at::Tensor weight(int64_t i);
   at::Tensor after_block(int64_t block, const at::Tensor& out);
   at::Tensor pack(const Unit& u, const std::vector<at::Tensor>& shards);

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 namespace titan::test {
@@ -132,6 +133,13 @@ bool wait_for(F cond, double seconds) {
     std::cout << "TITAN_TEST_SKIPPED: " << why << std::endl;                     \
     return;                                                                      \
   } while (0)
+
+// max |ours - ref| / max |ref| in double: the relative error the parity tests state.
+inline double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
+  at::Tensor a = ours.to(at::kDouble), b = ref.to(at::kDouble);
+  double denom = b.abs().max().item<double>();
+  return (a - b).abs().max().item<double>() / (denom > 0 ? denom : 1.0);
+}
 
 inline std::string shell_quote(const std::string& s) {
   std::string r = "'";

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint.h"
+#include "app/checkpointer.h"
 #include "core/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
@@ -221,21 +221,19 @@ TEST_CASE("checkpoint: an incompatible model config names the tensor and both sh
   a.init_weights(1);
   std::vector<bool> decay(a.params().all().size(), true);
   AdamW opt_a(a.params().tensors(), decay, cfg.optimizer);
-  std::vector<int32_t> stream(4096, 1);
-  PackedLoader loader(&stream, 16, 1, 0, 1, 0, false);
   Checkpointer ck(cfg, 0, 1);
-  TrainingState sa{&a, &opt_a, &loader, 3, 0};
+  TrainingState sa{&a, &opt_a, {}, {}, 3, 0};
   ck.save(sa, false);
   Llama3 b(llama3_flavor("debugmodel"), at::kCPU);
   AdamW opt_b(b.params().tensors(), decay, cfg.optimizer);
-  TrainingState sb{&b, &opt_b, &loader, 0, 0};
+  TrainingState sb{&b, &opt_b, {}, {}, 0, 0};
   CHECK_THROWS_WITH(ck.load(sb), Contains("model/tok_embeddings.weight") &&
                                      Contains("[2048, 128]") && Contains("[2048, 256]"));
   // The same model loads, and restores step and parameters exactly.
   Llama3 c(small, at::kCPU);
   c.init_weights(77);
   AdamW opt_c(c.params().tensors(), decay, cfg.optimizer);
-  TrainingState sc{&c, &opt_c, &loader, 0, 0};
+  TrainingState sc{&c, &opt_c, {}, {}, 0, 0};
   CHECK_THAT(ck.load(sc), Contains("step-3"));
   CHECK(sc.step == 3);
   for (size_t i = 0; i < a.params().all().size(); ++i)

@@ -9,7 +9,8 @@
 #include "core/errors.h"
 #include "core/optimizer.h"
 #include "core/safetensors.h"
-#include "core/trainer.h"
+#include "app/train_step.h"
+#include "core/functional.h"
 #include "models/llama3.h"
 #include "test_util.h"
 
@@ -17,11 +18,7 @@ using namespace titan;
 
 namespace {
 
-double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
-  at::Tensor a = ours.to(at::kDouble), b = ref.to(at::kDouble);
-  double denom = b.abs().max().item<double>();
-  return (a - b).abs().max().item<double>() / (denom > 0 ? denom : 1.0);
-}
+using test::rel_err;
 
 void run_parity(const Llama3Args& a, const std::string& tag) {
   test::TempDir dir("parity-" + tag);
@@ -100,8 +97,11 @@ void run_parity(const Llama3Args& a, const std::string& tag) {
   at::Tensor ref_loss = ref.get("loss"), ref_norm = ref.get("grad_norm");
   double worst_loss = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    StepResult sr = train_step(model, opt, {mbs[static_cast<size_t>(s)]},
-                               static_cast<double>(B * T), oc.lr, max_norm);
+    StepOptions so;
+    so.global_tokens = static_cast<double>(B * T);
+    so.lr = oc.lr;
+    so.max_norm = max_norm;
+    StepResult sr = train_step(model, opt, {mbs[static_cast<size_t>(s)]}, so);
     double ours = sr.loss.item<double>(), theirs = ref_loss[s].item<double>();
     double e = std::abs(ours - theirs) / std::abs(theirs);
     INFO("step " << s << " loss ours " << ours << " ref " << theirs);

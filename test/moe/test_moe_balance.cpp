@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/safetensors.h"
-#include "models/layers.h"
+#include "core/recompute.h"
 #include "models/llama4.h"
 #include "moe/moe_layer.h"
 #include "test_util.h"
@@ -31,9 +31,9 @@ struct SkewedLayer {
     a.num_shared_experts = 0;
     a.score_func = ScoreFunc::Sigmoid;
     a.load_balance_coeff = coeff;
-    moe = std::make_unique<MoELayer>(a, 16, 16, "layers.0.moe.", store, at::kCPU);
+    moe = std::make_unique<MoELayer>(a, 16, 16, "layers.0.moe.", store, at::kCPU, 0.02);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    moe->init_weights(store, gen, 0.02);
+    store.initialize(1);
     at::NoGradGuard ng;
     at::Tensor gate = store.all()[0].value;
     gate.normal_(0, 0.1, gen);
@@ -59,7 +59,7 @@ TEST_CASE("moe balance: the expert-bias update follows the published rule", "[mo
   MoEArgs a;
   a.num_experts = 4;
   a.load_balance_coeff = 0.1;
-  MoELayer m(a, 8, 8, "layers.3.moe.", store, at::kCPU);
+  MoELayer m(a, 8, 8, "layers.3.moe.", store, at::kCPU, 0.02);
   m.tokens_per_expert.copy_(at::tensor({10.0f, 0.0f, 2.0f, 4.0f}));
   int calls = 0;
   moe_balance_step({&m}, [&](at::Tensor& t) {
@@ -88,7 +88,7 @@ TEST_CASE("moe balance: the expert-bias update follows the published rule", "[mo
   // coeff 0 turns the update off but keeps the statistics.
   MoEArgs off = a;
   off.load_balance_coeff = 0;
-  MoELayer z(off, 8, 8, "z.", store, at::kCPU);
+  MoELayer z(off, 8, 8, "z.", store, at::kCPU, 0.02);
   z.tokens_per_expert.copy_(at::tensor({10.0f, 0.0f, 2.0f, 4.0f}));
   moe_balance_step({&z}, nullptr);
   CHECK(z.expert_bias.abs().sum().item<double>() == 0);
@@ -196,9 +196,9 @@ TEST_CASE("moe balance: the sequence-wise auxiliary loss matches its formula", "
   a.score_func = ScoreFunc::Sigmoid;
   a.seq_aux_loss_coeff = 0.1;
   ParamStore store;
-  MoELayer m(a, 8, 8, "moe.", store, at::kCPU);
+  MoELayer m(a, 8, 8, "moe.", store, at::kCPU, 0.5);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
-  m.init_weights(store, gen, 0.5);
+  store.initialize(1);
   at::Tensor x = at::randn({3, 5, 8}, gen);
   (void)m.forward(x, weights_of(store), {true, false});
   at::Tensor aux = m.take_aux_loss();

@@ -50,9 +50,9 @@ TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_m
     a.score_before_experts = false;
     a.backend = b;
     ParamStore store;
-    MoELayer moe(a, dim, hidden, "moe.", store, dev);
+    MoELayer moe(a, dim, hidden, "moe.", store, dev, 0.02);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-    moe.init_weights(store, gen, 0.02);
+    store.initialize(1);
     at::Tensor x = at::randn({1, tokens, dim}, gen).to(dev, dt).requires_grad_();
     at::Tensor g = at::randn({1, tokens, dim}, gen).to(dev, dt);
     auto step = [&] {

@@ -246,9 +246,9 @@ TEST_CASE("moe layer: loop and grouped_mm backends agree on CPU (outputs and gra
     for (auto backend : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
       a.backend = backend;
       ParamStore store;
-      MoELayer moe(a, 32, 48, "moe.", store, at::kCPU);
+      MoELayer moe(a, 32, 48, "moe.", store, at::kCPU, 0.02);
       auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-      moe.init_weights(store, gen, 0.02);
+      store.initialize(1);
       at::Tensor x = at::randn({2, 40, 32}, gen).requires_grad_();
       std::vector<at::Tensor> w;
       for (auto& p : store.all()) w.push_back(p.value);

@@ -1,10 +1,11 @@
-// CUDA-only MoE checks (tag [cuda]; each one skips with a note on a machine without CUDA):
+// CUDA-only MoE checks (tag [cuda]; ctest reports each as skipped on a machine without CUDA):
 // the grouped_mm path makes no host sync (ready for CUDA-graph capture), the loop path makes
 // exactly one per layer and forward and none in backward, and the two backends agree in bf16.
 #include <catch2/catch.hpp>
 
+#include "core/recompute.h"
 #include "moe/moe_layer.h"
-#include "models/layers.h"
+#include "test_util.h"
 
 #if __has_include(<c10/cuda/CUDAFunctions.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDAFunctions.h>
@@ -47,33 +48,29 @@ struct CudaLayer {
     a.score_func = ScoreFunc::Sigmoid;
     a.backend = backend;
     at::Device dev(at::kCUDA, 0);
-    moe = std::make_unique<MoELayer>(a, 256, 512, "moe.", store, dev);
+    moe = std::make_unique<MoELayer>(a, 256, 512, "moe.", store, dev, 0.02);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-    moe->init_weights(store, gen, 0.02);
+    store.initialize(static_cast<uint64_t>(seed));
     for (auto& p : store.all()) w.push_back(p.value.to(at::kBFloat16));
     x = at::randn({4, 128, 256}, gen).to(dev, at::kBFloat16).requires_grad_();
   }
 };
 
-bool cuda_sm90() {
-  if (!at::hasCUDA()) {
-    WARN("no CUDA device: skipped (runs on the GPU check)");
-    return false;
-  }
-  if (cuda_compute_capability(at::Device(at::kCUDA, 0)) < 90) {
-    WARN("CUDA device below compute capability 9.0: grouped_mm checks skipped");
-    return false;
-  }
-  return true;
+// Why this machine cannot run a check that needs CUDA (and SM90+ when sm90), or nullptr.
+const char* missing_cuda(bool sm90) {
+  if (!at::hasCUDA()) return "no CUDA device (runs on the GPU check)";
+  if (sm90 && cuda_compute_capability(at::Device(at::kCUDA, 0)) < 90)
+    return "CUDA device below compute capability 9.0 (grouped_mm)";
+  return nullptr;
 }
 
 }  // namespace
 
 TEST_CASE("moe cuda: grouped_mm forward and backward make no host sync", "[moe][cuda]") {
 #ifndef TITAN_TEST_CUDA_HEADERS
-  WARN("built without CUDA headers: skipped");
+  TITAN_SKIP("built without CUDA headers");
 #else
-  if (!cuda_sm90()) return;
+  if (const char* why = missing_cuda(true)) TITAN_SKIP(why);
   CudaLayer l(ExpertsBackend::GroupedMM, 1);
   at::Tensor g = at::randn_like(l.x);
   {
@@ -91,12 +88,9 @@ TEST_CASE("moe cuda: grouped_mm forward and backward make no host sync", "[moe][
 TEST_CASE("moe cuda: the loop backend syncs once per forward and never in backward",
           "[moe][cuda]") {
 #ifndef TITAN_TEST_CUDA_HEADERS
-  WARN("built without CUDA headers: skipped");
+  TITAN_SKIP("built without CUDA headers");
 #else
-  if (!at::hasCUDA()) {
-    WARN("no CUDA device: skipped (runs on the GPU check)");
-    return;
-  }
+  if (const char* why = missing_cuda(false)) TITAN_SKIP(why);
   CudaLayer l(ExpertsBackend::Loop, 2);
   at::Tensor g = at::randn_like(l.x);
   WarningCounter fwd, bwd;
@@ -141,7 +135,7 @@ TEST_CASE("moe cuda: the loop backend syncs once per forward and never in backwa
 }
 
 TEST_CASE("moe cuda: loop and grouped_mm agree in bf16", "[moe][cuda]") {
-  if (!cuda_sm90()) return;
+  if (const char* why = missing_cuda(true)) TITAN_SKIP(why);
   std::vector<std::vector<at::Tensor>> r;
   for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
     CudaLayer l(b, 3);

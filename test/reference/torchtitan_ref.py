@@ -3,10 +3,8 @@
 weights and batch as moe_ref.py, with the same output format, for an optional cross-check
 of the C++ models against torchtitan itself.
 
-torchtitan is not a dependency of titan-train: point TITAN_TORCHTITAN_PATH at a folder that
-holds the torchtitan package, e.g. after
-    python3 -m venv /tmp/ttvenv && /tmp/ttvenv/bin/pip install --no-deps torchtitan==0.2.2
-    export TITAN_TORCHTITAN_PATH=/tmp/ttvenv/lib/python3.11/site-packages
+scripts/setup.sh installs torchtitan (TORCHTITAN_VERSION in scripts/versions.env) into the
+test venv without its dependencies; TITAN_TORCHTITAN_PATH, when set, points at another copy.
 Only its model code runs. Its package imports pull in training-only modules (tyro, datasets,
 torchdata, ...); those are replaced by empty stand-ins, and torch.histc is given int64
 support on CPU (torchtitan's router calls it on int64 expert ids, which only CUDA accepts).
@@ -82,7 +80,8 @@ def main():
     ap.add_argument("--batch", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
+    if os.environ.get("TITAN_TORCHTITAN_PATH"):
+        sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
     sys.meta_path.insert(0, _StubFinder())
     _histc = torch.histc
     torch.histc = lambda x, *a, **k: _histc(x.float(), *a, **k).to(x.dtype)

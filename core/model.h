@@ -5,6 +5,10 @@
 // is where mixed precision (a differentiable cast to bf16) and, under FSDP, the all-gather of
 // a sharded parameter happen, so parallelism and precision change how a full weight is
 // materialized, not the model code (docs/design.md).
+//
+// This interface is what parallel/ sees of a model: the parameters with their kind (dense or
+// expert), the units they are gathered in (embeddings, one per block, head), and the hooks
+// FSDP installs. parallel/ never parses parameter names.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,17 +17,38 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/config.h"
-#include "models/layers.h"
+#include "core/expert_exchange.h"
+#include "core/recompute.h"
 
 namespace titan {
 
+// How a parameter is initialized (torchtitan's schemes). Normal draws are N(0, std); the
+// truncated normal is clipped to the absolute bounds [lo, hi] (torch.nn.init.trunc_normal_).
+struct InitSpec {
+  enum class Kind { Zeros, Ones, Normal, TruncNormal };
+  Kind kind = Kind::Zeros;
+  double std = 0, lo = -2.0, hi = 2.0;
+  static InitSpec zeros() { return {Kind::Zeros}; }
+  static InitSpec ones() { return {Kind::Ones}; }
+  static InitSpec normal(double std) { return {Kind::Normal, std}; }
+  static InitSpec trunc_normal(double std, double lo = -2.0, double hi = 2.0) {
+    return {Kind::TruncNormal, std, lo, hi};
+  }
+};
+
+// Dense parameters are replicated or sharded over the data-parallel ranks; expert
+// parameters have the routed experts on dim 0, which expert parallelism splits first.
+enum class ParamKind { Dense, Expert };
+
 struct Param {
   std::string name;   // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
-  at::Tensor value;   // fp32 master copy, requires_grad (meta while deferred, see build_model)
+  at::Tensor value;   // fp32 master copy, requires_grad (meta while deferred, see DeferParams)
   bool weight_decay;  // matrices decay; norms, embeddings and biases do not
+  InitSpec init;
+  ParamKind kind = ParamKind::Dense;
   at::Device device = at::kCPU;  // where the value lives (or will, once materialized)
   // Sharding (parallel/fsdp.h). Unsharded: global_shape is empty and value is the whole
   // tensor. Sharded: value holds global rows [dim0_offset, dim0_offset + dim0_rows) of a
@@ -32,24 +57,42 @@ struct Param {
   int64_t dim0_offset = 0;
   int64_t dim0_rows = -1;
   bool sharded() const { return !global_shape.empty(); }
+  bool expert() const { return kind == ParamKind::Expert; }
   // The rows of value that hold real data (all of it when unsharded).
   at::Tensor valid(const at::Tensor& t) const { return sharded() ? t.narrow(0, 0, dim0_rows) : t; }
   std::vector<int64_t> full_shape() const { return sharded() ? global_shape : value.sizes().vec(); }
 };
 
+// While alive on this thread, ParamStore::add leaves parameters unallocated (meta tensors,
+// Param::device says where they belong), so a sharding step can allocate only its rows
+// before init_weights runs (parallel/fsdp.h).
+class DeferParams {
+ public:
+  explicit DeferParams(bool on);
+  ~DeferParams();
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 class ParamStore {
  public:
-  // Registers a parameter and returns its index.
-  int64_t add(const std::string& name, at::Tensor value, bool weight_decay);
+  // Registers a parameter of `shape` (fp32 on `device`) and returns its index. The order
+  // of registration is the order of initialization draws.
+  int64_t add(const std::string& name, std::vector<int64_t> shape, at::Device device,
+              bool weight_decay, InitSpec init, ParamKind kind = ParamKind::Dense);
   const std::vector<Param>& all() const { return params_; }
   std::vector<Param>& all() { return params_; }
   const Param& operator[](int64_t i) const { return params_[static_cast<size_t>(i)]; }
+  int64_t size() const { return static_cast<int64_t>(params_.size()); }
   int64_t index_of(const std::string& name) const;  // -1 when absent
-  // Writes a whole-tensor value (CPU, full shape) into parameter i: all of it, or only this
-  // rank's rows when the parameter is sharded. Initialization goes through here, so a
-  // sharded model is initialized exactly like a whole one.
+  // Writes a whole-tensor value (full shape) into parameter i: all of it, or only this
+  // rank's rows when the parameter is sharded.
   void assign(int64_t i, const at::Tensor& full);
-  void fill(int64_t i, double v);  // the valid rows only (padding stays zero)
+  // Draws every parameter from its InitSpec on one CPU generator seeded with `seed`, in
+  // registration order, so every device, rank and layout gets the same values.
+  void initialize(uint64_t seed);
   int64_t numel() const;
   std::vector<at::Tensor> tensors() const;
 
@@ -57,26 +100,22 @@ class ParamStore {
   std::vector<Param> params_;
 };
 
-// Seeded initialization: values are drawn on one CPU generator in call order, so every
-// device and rank gets the same parameters, then copied into the store.
-class ParamInit {
- public:
-  ParamInit(ParamStore& store, uint64_t seed);
-  void normal(int64_t i, double std);
-  // N(0, std) truncated to [a, b] (absolute bounds, as torch.nn.init.trunc_normal_).
-  void trunc_normal(int64_t i, double std, double a = -2.0, double b = 2.0);
-  void ones(int64_t i);
-  at::Generator& generator() { return gen_; }
-
- private:
-  ParamStore& store_;
-  at::Generator gen_;
-};
+// In-place truncated normal on a CPU fp32 tensor: N(mean, std) clipped to [a, b] by
+// inverse-CDF sampling from `gen`.
+void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen);
 
 // How a full weight is materialized for compute. The default returns the parameter, cast
 // to the compute dtype when that differs (the cast is recorded by autograd, so gradients
 // reach the fp32 master copy).
 using WeightFn = std::function<at::Tensor(int64_t index)>;
+
+// Parameters gathered and reduced together by FSDP, in forward order: the embeddings, one
+// unit per transformer block, then the head (final norm and output).
+struct ParamUnit {
+  std::string name;    // "tok_embeddings", "layers.<l>", "head"
+  int64_t block = -1;  // the transformer block, or -1 for the embeddings and the head
+  std::vector<int64_t> params;
+};
 
 struct ModelInfo {
   std::string name;  // "llama3", ...
@@ -102,9 +141,10 @@ class Model {
 
   // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype.
   virtual at::Tensor forward(const at::Tensor& tokens) = 0;
-  // Re-initializes every parameter from `seed` (torchtitan's scheme, docs/models.md).
-  virtual void init_weights(uint64_t seed) = 0;
   virtual const ModelInfo& info() const = 0;
+  // Re-initializes every parameter from `seed` (torchtitan's scheme, docs/models.md) and
+  // resets the training state buffers.
+  void init_weights(uint64_t seed);
 
   // Extra loss terms (e.g. MoE auxiliary balance loss) accumulated by the last forward.
   virtual at::Tensor aux_loss() { return at::Tensor(); }
@@ -116,9 +156,16 @@ class Model {
   // Extra per-log-step metrics (MoE load statistics). May read device values: it is only
   // called on log steps.
   virtual std::map<std::string, double> extra_metrics() { return {}; }
+  // Routed experts per MoE layer; 0 for a dense model.
+  virtual int64_t num_experts() const { return 0; }
+  // Expert parallelism: the MoE layers send their routed rows through `ex` (parallel/).
+  virtual void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { (void)ex; }
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
+  // The FSDP units, in forward order (the embeddings unit holds the parameters registered
+  // before the first block, the head those after the last).
+  std::vector<ParamUnit> param_units() const;
 
   void set_weight_fn(WeightFn fn) { weight_fn_ = std::move(fn); }
   // Called with each transformer block's output right after the block's forward (FSDP
@@ -134,6 +181,8 @@ class Model {
   void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
 
  protected:
+  // Zeroes the training-state buffers (MoE expert biases and counts).
+  virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
   bool recompute_block(int64_t i) const { return recompute_ && recompute_(i); }
   at::Tensor block_done(int64_t i, const at::Tensor& out) const {
@@ -162,15 +211,5 @@ class Model {
   std::vector<std::vector<int64_t>> block_params_;
   std::vector<BlockFn> block_fns_;  // must outlive backward (checkpoint_block keeps &fn)
 };
-
-// Builds the model named by cfg.model (name, flavor) on `device`, initialized from
-// cfg.debug.seed. Throws UserError for an unknown flavor.
-// defer_params: parameters are left unallocated (meta tensors; Param::device says where
-// they belong) and uninitialized, so a sharding step can allocate only its rows before the
-// caller runs init_weights(cfg.debug.seed) (parallel/fsdp.h). Buffers are allocated as usual.
-std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device,
-                                   bool defer_params = false);
-// Flavor names of a family, for messages and docs.
-std::vector<std::string> model_flavors(const std::string& name);
 
 }  // namespace titan

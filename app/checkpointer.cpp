@@ -1,0 +1,213 @@
+#include "app/checkpointer.h"
+
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "core/errors.h"
+#include "models/hf_interop.h"
+
+namespace titan {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A tensor laid out like p.value (the parameter or its AdamW moments): this rank's rows when
+// p is sharded, the padding rows zeroed.
+bool restore_param(CheckpointReader& r, const std::string& key, const Param& p,
+                   const at::Tensor& dst, bool required) {
+  if (!p.sharded()) return r.restore_rows(key, p.full_shape(), 0, -1, dst, required);
+  if (!r.restore_rows(key, p.full_shape(), p.dim0_offset, p.dim0_rows, p.valid(dst), required))
+    return false;
+  at::NoGradGuard ng;
+  dst.narrow(0, p.dim0_rows, dst.size(0) - p.dim0_rows).zero_();
+  return true;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size)
+    : Checkpointer(cfg, CheckpointGroup{rank, true, 1, std::to_string(::getpid()), {}, {}},
+                   world_size) {}
+
+Checkpointer::Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t world_size)
+    : cfg_(cfg),
+      group_(group),
+      world_(world_size),
+      writer_((fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string(), std::move(group),
+              world_size, cfg.checkpoint.keep_latest_k) {}
+
+bool Checkpointer::excluded(const char* part) const {
+  const auto& ex = cfg_.checkpoint.exclude_from_loading;
+  return std::find(ex.begin(), ex.end(), part) != ex.end();
+}
+
+// ---- Saving --------------------------------------------------------------------------------
+
+at::Tensor Checkpointer::stage(const std::string& key, const at::Tensor& t) {
+  at::Tensor src = t.detach();
+  if (cfg_.checkpoint.async_mode != "async_with_pinned_mem")
+    return src.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  // Staging buffers are allocated once and reused by every save (the previous write has
+  // finished: save() waits for it first). On CUDA they are pinned and filled without
+  // blocking, so the training thread does not wait for the device-to-host copies.
+  at::Tensor& buf = staging_[key];
+  if (!buf.defined() || buf.sizes() != src.sizes() || buf.scalar_type() != src.scalar_type())
+    buf = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(!src.is_cpu()));
+  buf.copy_(src, /*non_blocking=*/!src.is_cpu());
+  if (!src.is_cpu()) staged_on_device_ = true;
+  return buf;
+}
+
+CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_only) {
+  at::NoGradGuard ng;
+  CheckpointSnapshot s;
+  s.step = st.step;
+  staged_on_device_ = false;
+  const bool rank0 = group_.rank == 0;
+  // A parameter's value or optimizer state: its valid rows when sharded, by every writing
+  // rank; replicated values by rank 0 only.
+  auto add_param_like = [&](const std::string& key, const Param& p, const at::Tensor& t,
+                            at::ScalarType dtype) {
+    if (p.sharded() ? !group_.writes : !rank0) return;
+    at::Tensor c = stage(key, p.valid(t));
+    s.entries.push_back({key, c.scalar_type() == dtype ? c : c.to(dtype), p.full_shape(),
+                         p.dim0_offset});
+  };
+  auto add_replicated = [&](const std::string& key, const at::Tensor& t) {
+    if (rank0) s.entries.push_back({key, stage(key, t), t.sizes().vec(), 0});
+  };
+  const auto& params = st.model->params().all();
+  const at::ScalarType model_dtype =
+      model_only ? hf_export_dtype(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype")
+                 : at::kFloat;
+  for (auto& p : params) add_param_like("model/" + p.name, p, p.value, model_dtype);
+  for (auto& [name, t] : st.model->buffers()) add_replicated("buffers/" + name, t);
+  json ts;
+  ts["format"] = 1;
+  ts["step"] = st.step;
+  ts["model_only"] = model_only;
+  ts["world_size"] = world_;
+  if (!model_only) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      add_param_like("optimizer/exp_avg/" + params[i].name, params[i], st.optimizer->exp_avg()[i],
+                     at::kFloat);
+      add_param_like("optimizer/exp_avg_sq/" + params[i].name, params[i],
+                     st.optimizer->exp_avg_sq()[i], at::kFloat);
+      add_replicated("optimizer/step/" + params[i].name, st.optimizer->steps()[i]);
+    }
+    add_replicated("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+    ts["lr_step_offset"] = st.lr_step_offset;
+    if (st.data_state) ts["dataloader"] = st.data_state();
+  }
+  ts["config"] = dump_config_toml(cfg_);
+  s.train_state_json = ts.dump(1);
+  if (staged_on_device_) {
+    // The non-blocking copies were queued on the current stream of the parameters' device.
+    const at::Device dev = params.front().value.device();
+    c10::Event done(dev.type());
+    done.record(c10::impl::VirtualGuardImpl(dev.type()).getStream(dev));
+    auto ev = std::make_shared<c10::Event>(std::move(done));
+    s.ready = [ev] { ev->synchronize(); };
+  }
+  return s;
+}
+
+void Checkpointer::save(const TrainingState& st, bool model_only) {
+  writer_.wait();  // the staging buffers and the writer thread are free again
+  const std::string& mode = cfg_.checkpoint.async_mode;
+  writer_.save(snapshot(st, model_only), mode == "async" || mode == "async_with_pinned_mem");
+}
+
+// ---- Loading -------------------------------------------------------------------------------
+
+void Checkpointer::restore_model(CheckpointReader& r, TrainingState& st) {
+  auto& params = st.model->params().all();
+  if (!excluded("model")) {
+    std::set<std::string> expected;
+    for (auto& p : params) expected.insert("model/" + p.name);
+    for (auto& [k, shape] : r.keys("model/"))
+      if (!expected.count(k))
+        throw UserError("checkpoint '" + r.dir() + "': holds " + k + " of shape " +
+                        shape_str(shape) +
+                        ", which this model does not have (a different model config?)");
+    for (auto& p : params) restore_param(r, "model/" + p.name, p, p.value, true);
+  }
+  for (auto& [name, t] : st.model->buffers())
+    r.restore_rows("buffers/" + name, t.sizes().vec(), 0, -1, t, false);
+}
+
+void Checkpointer::restore_optimizer(CheckpointReader& r, TrainingState& st) {
+  if (excluded("optimizer")) return;
+  auto& params = st.model->params().all();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    restore_param(r, "optimizer/exp_avg/" + p.name, p, st.optimizer->exp_avg()[i], true);
+    restore_param(r, "optimizer/exp_avg_sq/" + p.name, p, st.optimizer->exp_avg_sq()[i], true);
+    at::Tensor step = st.optimizer->steps()[i];
+    r.restore_rows("optimizer/step/" + p.name, step.sizes().vec(), 0, -1, step, true);
+  }
+}
+
+void Checkpointer::restore_progress(CheckpointReader& r, TrainingState& st) {
+  if (auto rng = r.get("rng/cpu")) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the global one
+    gen.set_state(*rng);
+  }
+  const json& ts = r.train_state();
+  if (!excluded("train_state")) st.step = ts.value("step", int64_t{0});
+  st.lr_step_offset = excluded("lr_scheduler") ? st.step : ts.value("lr_step_offset", int64_t{0});
+  if (!excluded("dataloader") && ts.contains("dataloader") && st.load_data_state)
+    st.load_data_state(ts["dataloader"]);
+}
+
+void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool model_only) {
+  CheckpointReader r(dir);
+  restore_model(r, st);
+  if (model_only || r.train_state().value("model_only", false)) return;
+  restore_optimizer(r, st);
+  restore_progress(r, st);
+}
+
+std::string Checkpointer::load(TrainingState& st) {
+  const auto& c = cfg_.checkpoint;
+  const std::string& root = writer_.root();
+  auto steps = complete_steps(root);
+  if (c.load_step >= 0) {
+    if (!fs::is_directory(root))
+      throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
+                      ": the checkpoint folder '" + root + "' does not exist");
+    if (!std::count(steps.begin(), steps.end(), c.load_step)) {
+      std::string avail;
+      for (auto s : steps) avail += (avail.empty() ? "" : ", ") + std::to_string(s);
+      throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
+                      ": no complete checkpoint step-" + std::to_string(c.load_step) + " in '" +
+                      root + "'; available: " + (avail.empty() ? "none" : avail));
+    }
+    steps = {c.load_step};
+  }
+  if (!steps.empty()) {
+    const std::string dir = (fs::path(root) / ("step-" + std::to_string(steps.back()))).string();
+    load_folder(dir, st, false);
+    return "resumed from " + dir + " at step " + std::to_string(st.step);
+  }
+  if (!c.initial_load_path.empty()) {
+    if (!fs::is_directory(c.initial_load_path))
+      throw UserError(
+          "checkpoint.initial_load_path = '" + c.initial_load_path +
+          "': no such checkpoint folder; allowed: a step-N folder of a titan-train checkpoint");
+    load_folder(c.initial_load_path, st, c.initial_load_model_only);
+    return "initialized from " + c.initial_load_path +
+           (c.initial_load_model_only ? " (model only)" : "");
+  }
+  return "";
+}
+
+}  // namespace titan

@@ -1,0 +1,73 @@
+// What a checkpoint holds and how the live training state goes into and out of one: the
+// model (fp32 masters, sharded rows), AdamW moments and step counts, the model's buffers
+// (MoE expert biases), the RNG, the step and the data loader's position. The file format is
+// core/checkpoint.h; this is the wiring (docs/checkpointing.md).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+
+namespace titan {
+
+// The live training state a checkpoint captures and restores.
+struct TrainingState {
+  Model* model = nullptr;
+  AdamW* optimizer = nullptr;
+  // The data loader's position, as JSON (independent of the world size).
+  std::function<nlohmann::json()> data_state;
+  std::function<void(const nlohmann::json&)> load_data_state;
+  int64_t step = 0;            // optimizer steps completed
+  int64_t lr_step_offset = 0;  // lr = schedule(step - offset); set when lr_scheduler is excluded
+};
+
+class Checkpointer {
+ public:
+  // A single process: no group.
+  Checkpointer(const JobConfig& cfg, int64_t rank, int64_t world_size);
+  Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t world_size);
+
+  const std::string& root() const { return writer_.root(); }
+  // Restores from the latest complete checkpoint under root() (or checkpoint.load_step), else
+  // from checkpoint.initial_load_path. Returns a description of what was loaded, or "" when
+  // training starts fresh. Throws UserError for a missing or incompatible checkpoint.
+  std::string load(TrainingState& st);
+  // Saves step st.step (in the background with checkpoint.async_mode). model_only drops the
+  // optimizer and training state and writes the model in checkpoint.export_dtype
+  // (checkpoint.last_save_model_only on the final save).
+  void save(const TrainingState& st, bool model_only);
+  // Waits for a background save; rethrows its error.
+  void wait() { writer_.wait(); }
+
+  static std::vector<int64_t> complete_steps(const std::string& root) {
+    return CheckpointWriter::complete_steps(root);
+  }
+
+ private:
+  CheckpointSnapshot snapshot(const TrainingState& st, bool model_only);
+  // Copies a tensor for the save: a fresh CPU tensor, or with async_with_pinned_mem a
+  // reused (pinned, on CUDA) staging buffer filled by a non-blocking copy.
+  at::Tensor stage(const std::string& key, const at::Tensor& t);
+  void load_folder(const std::string& dir, TrainingState& st, bool model_only);
+  void restore_model(CheckpointReader& r, TrainingState& st);
+  void restore_optimizer(CheckpointReader& r, TrainingState& st);
+  void restore_progress(CheckpointReader& r, TrainingState& st);
+  bool excluded(const char* part) const;
+
+  JobConfig cfg_;
+  CheckpointGroup group_;
+  int64_t world_;
+  CheckpointWriter writer_;
+  std::map<std::string, at::Tensor> staging_;  // async_with_pinned_mem: reused host buffers
+  bool staged_on_device_ = false;              // a staging copy is in flight this save
+};
+
+}  // namespace titan

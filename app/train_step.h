@@ -1,0 +1,44 @@
+// One optimizer step, shared by the Trainer and the parity tests.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "core/grad_sync.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+
+namespace titan {
+
+struct MicroBatch {
+  at::Tensor tokens;  // (B, T) int64 on the model's device
+  at::Tensor labels;  // (B, T) int64
+};
+
+struct StepOptions {
+  double global_tokens = 1;  // label tokens of the whole step, over every rank and micro-batch
+  int64_t dp_degree = 1;     // data-parallel ranks whose gradients GradSync sums
+  double lr = 0;
+  double max_norm = 0;       // <= 0: measure the norm, do not clip
+  bool time_phases = false;  // CUDA: synchronize between the phases so their times are true
+};
+
+struct StepResult {
+  at::Tensor loss;       // 0-d: this rank's summed token loss / global token count
+  at::Tensor grad_norm;  // 0-d: global gradient norm before clipping
+  double fwdbwd_ms = 0;  // host time of forward+backward, and of clip+optimizer; exact on
+  double opt_ms = 0;     // CPU, and on CUDA when time_phases synchronizes between them
+};
+
+// Forward and backward over the micro-batches (gradient accumulation), the gradient
+// reduction over data-parallel ranks (`sync`, none for one process), clipping, AdamW, then the
+// model's own post-step update (MoE expert bias). The step's objective is the mean token
+// loss of the global batch plus the mean over its sequences of the model's auxiliary loss,
+// whatever the layout: each rank's share is divided by the global token count and by
+// (micro-batches x dp ranks) respectively, and `sync` sums the shares. Nothing here reads
+// device values unless time_phases asks for a synchronization between the phases.
+StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+                      const StepOptions& o, GradSync* sync = nullptr);
+
+}  // namespace titan

@@ -1,0 +1,499 @@
+#include "app/trainer.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "core/cuda_info.h"
+#include "core/errors.h"
+#include "core/functional.h"
+#include "core/log.h"
+#include "models/hf_interop.h"
+#include "models/registry.h"
+#include "parallel/expert_parallel.h"
+
+namespace titan {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string resolve_dataset(const std::string& name, const std::string& path, const char* key) {
+  if (!path.empty()) return path;
+  if (name == "kjv") return titan_cache_dir() + "/data/kjv.txt";
+  throw UserError(std::string(key) + " = \"" + name +
+                  "\" is not a bundled dataset; allowed: kjv, or give a file with the matching "
+                  "dataset_path key");
+}
+
+std::string resolve_tokenizer(const ModelSection& m) {
+  if (!m.tokenizer_path.empty()) return m.tokenizer_path;
+  if (!m.hf_assets_path.empty()) return m.hf_assets_path + "/tokenizer.json";
+  return titan_cache_dir() + "/data/tokenizer.json";
+}
+
+std::string human(int64_t n) {
+  std::ostringstream os;
+  os.precision(3);
+  if (n >= 1000000000)
+    os << n / 1e9 << "B";
+  else if (n >= 1000000)
+    os << n / 1e6 << "M";
+  else if (n >= 1000)
+    os << n / 1e3 << "K";
+  else
+    os << n;
+  return os.str();
+}
+
+}  // namespace
+
+std::string titan_cache_dir() {
+  const char* e = std::getenv("TITAN_CACHE");
+  if (e && *e) return e;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/titan-train";
+}
+
+Trainer::Trainer(const JobConfig& cfg, const LaunchEnv& launch)
+    : cfg_(cfg),
+      launch_(launch),
+      d_(derive_config(cfg, launch.world_size)),
+      t_exec_(Clock::now()) {}
+
+Trainer::~Trainer() = default;
+
+int Trainer::run() {
+  install_preemption_handlers();
+  if (cfg_.compile.enable)
+    log_warn(
+        "compile.enable = true: CUDA-graph capture of the train step is not implemented "
+        "yet; training runs eagerly");
+  log_info("resolved config:\n" + config_table(cfg_));
+  if (cfg_.job.print_args) log_info("\n" + dump_config_toml(cfg_));
+  setup_distributed();
+  setup_data();
+  setup_model();
+  parallelize();
+  setup_optimizer();
+  log_plan();
+  resume();
+  const int status = train_loop();
+  if (status == 0 && !preempted_) finish();
+  return status;
+}
+
+// ---- set-up ------------------------------------------------------------------------------
+
+void Trainer::setup_distributed() {
+  cuda_ = at::hasCUDA();
+  // Before any CUDA work: this rank's GPU is the current device for NCCL and every op.
+  if (cuda_) cuda_set_device(static_cast<int>(launch_.local_rank));
+  device_ = cuda_ ? at::Device(at::kCUDA, static_cast<int>(launch_.local_rank)) : at::kCPU;
+  bf16_ = cuda_ && cfg_.training.mixed_precision_param == "bfloat16";
+  if (cfg_.debug.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, false);
+    if (cuda_) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  }
+  // torchrun with one rank still gets a process group (torchrun --nproc_per_node 1 runs
+  // the same collective code path, e.g. a one-GPU NCCL check).
+  if (launch_.world_size > 1 || launch_.source == "torchrun") {
+    pg_ = std::make_unique<ProcessGroup>(launch_, cfg_.comm, cuda_);
+    pg_->check_same_config(config_hash(cfg_));
+    mesh_ = build_mesh(*pg_, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
+                       cfg_.parallelism.expert_parallel_degree);
+  }
+  // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
+  // otherwise the replicas hold it whole and all-reduce gradients (DDP). TITAN_FORCE_FSDP=1
+  // shards even over one rank, so FSDP's collectives can be checked on a single GPU.
+  const char* force = std::getenv("TITAN_FORCE_FSDP");
+  fsdp_ = mesh_ && (mesh_->shard > 1 || mesh_->ep > 1 || (force && std::string(force) == "1"));
+  // Pure replication, sharding or both: the dp rank is the global rank (dp degree = world).
+  auto allreduce_max = [p = pg_.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Max); };
+  preempt_ = std::make_unique<PreemptionAgreement>(
+      pg_ ? std::function<void(at::Tensor&)>(allreduce_max) : nullptr, device_);
+}
+
+void Trainer::setup_data() {
+  tok_path_ = resolve_tokenizer(cfg_.model);
+  tokenizer_ = load_tokenizer(tok_path_);
+  data_path_ = resolve_dataset(cfg_.training.dataset, cfg_.training.dataset_path,
+                               "training.dataset");
+  TokenizedDocs docs = load_documents(data_path_, *tokenizer_);
+  num_docs_ = docs.num_docs();
+  splits_ = split_and_pack(docs, cfg_.training.holdout_fraction, tokenizer_->bos_id(),
+                           tokenizer_->eos_id());
+  // Validation keys are resolved only when validation runs.
+  const auto& v = cfg_.validation;
+  if (v.enable && (!v.dataset_path.empty() || !v.dataset.empty())) {
+    std::string vpath = resolve_dataset(v.dataset, v.dataset_path, "validation.dataset");
+    splits_.heldout = split_and_pack(load_documents(vpath, *tokenizer_), 0.0,
+                                     tokenizer_->bos_id(), tokenizer_->eos_id())
+                          .train;
+  }
+  loader_ = std::make_unique<PackedLoader>(&splits_.train, cfg_.training.seq_len,
+                                           cfg_.training.local_batch_size, launch_.rank,
+                                           d_.dp_degree, static_cast<uint64_t>(cfg_.debug.seed),
+                                           /*shuffle=*/true);
+}
+
+void Trainer::setup_model() {
+  const auto& cc = cfg_.checkpoint;
+  const std::string ckpt_root = (std::filesystem::path(cfg_.job.dump_folder) / cc.folder).string();
+  // Hugging Face weights initialize the whole model, before it is sharded.
+  hf_init_ = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
+             Checkpointer::complete_steps(ckpt_root).empty();
+  // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
+  // only their own rows: no rank ever holds the whole model.
+  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ && !hf_init_);
+  const ModelInfo& info = model_->info();
+  if (tokenizer_->vocab_size() > info.vocab_size)
+    throw UserError("tokenizer '" + tok_path_ + "' has a vocabulary of " +
+                    std::to_string(tokenizer_->vocab_size()) + " tokens but model " +
+                    cfg_.model.name + "/" + cfg_.model.flavor + " has " +
+                    std::to_string(info.vocab_size) +
+                    "; allowed: a tokenizer vocabulary at most the model's (models pad theirs)");
+  if (cfg_.training.seq_len > info.max_seq_len)
+    throw UserError("training.seq_len = " + std::to_string(cfg_.training.seq_len) +
+                    " exceeds what " + cfg_.model.name + "/" + cfg_.model.flavor +
+                    " supports; allowed: <= " + std::to_string(info.max_seq_len));
+  if (cfg_.validation.enable && cfg_.validation.seq_len > info.max_seq_len)
+    throw UserError("validation.seq_len = " + std::to_string(cfg_.validation.seq_len) +
+                    " exceeds the model's max_seq_len " + std::to_string(info.max_seq_len));
+  if (bf16_) model_->set_compute_dtype(at::kBFloat16);
+  const auto& ac = cfg_.activation_checkpoint;
+  if (ac.mode == "full") {
+    model_->set_recompute_policy([](int64_t) { return true; });
+  } else if (ac.mode == "selective") {
+    const int64_t every = std::stoll(ac.selective_ac_option);
+    model_->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
+  }
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+    require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
+  if (hf_init_) {
+    import_model_hf(*model_, cc.initial_load_path);
+    log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
+  }
+}
+
+void Trainer::parallelize() {
+  const int64_t ep = cfg_.parallelism.expert_parallel_degree;
+  if (ep > 1) {
+    const int64_t E = model_->num_experts();
+    if (E == 0)
+      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) + ": model " +
+                      cfg_.model.name +
+                      " has no experts; allowed: 1 (or an MoE model: llama4, deepseek_v3)");
+    if (E % ep != 0)
+      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) +
+                      " does not divide the " + std::to_string(E) + " experts of " +
+                      cfg_.model.name + "/" + cfg_.model.flavor +
+                      "; allowed: a divisor of the expert count that divides the shard degree " +
+                      std::to_string(d_.dp_shard));
+    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group));
+  }
+  if (fsdp_) {
+    FsdpOptions fo;
+    fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype =
+        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
+    sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
+    if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    grad_sync_ = sharded_.get();
+  } else if (pg_) {
+    const at::ScalarType reduce =
+        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce);
+    grad_sync_ = ddp_.get();
+  }
+  if (pg_) {
+    // MoE load counts are summed over every data-parallel rank so every rank updates its
+    // expert biases identically.
+    model_->set_dp_allreduce([p = pg_.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Sum); });
+  }
+}
+
+void Trainer::setup_optimizer() {
+  std::vector<bool> decay;
+  for (auto& p : model_->params().all()) decay.push_back(p.weight_decay);
+  opt_ = std::make_unique<AdamW>(model_->params().tensors(), decay, cfg_.optimizer);
+  sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
+  const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
+  metrics_ = std::make_unique<MetricsLogger>(
+      cfg_.job.dump_folder, writer, cfg_.metrics.enable_tensorboard, cfg_.metrics.save_tb_folder,
+      !cfg_.metrics.disable_color_printing && log_is_tty(), launch_.rank);
+}
+
+void Trainer::log_plan() const {
+  const ModelInfo& info = model_->info();
+  std::string dev_name = "CPU";
+  if (cuda_) {
+    CudaDeviceInfo ci = cuda_device_info(device_.index());
+    dev_name = "CUDA:" + std::to_string(device_.index()) + " " + ci.name + " (sm_" +
+               std::to_string(ci.major) + std::to_string(ci.minor) + ")";
+  }
+  log_info("=> device = " + dev_name + (bf16_ ? " (bf16 compute, fp32 master weights)" : " (fp32)"));
+  log_info("=> model = " + cfg_.model.name + "/" + cfg_.model.flavor + ": " +
+           human(info.n_params) + " parameters (" + human(info.n_active_non_embedding) +
+           " active non-embedding), " + human(info.flops_per_token(cfg_.training.seq_len)) +
+           " FLOPs per token at seq_len " + std::to_string(cfg_.training.seq_len));
+  log_info("=> tokenizer = " + tok_path_ + " (vocab " + std::to_string(tokenizer_->vocab_size()) +
+           ", model vocab " + std::to_string(info.vocab_size) + ")");
+  log_info("=> data = " + data_path_ + ": " + std::to_string(num_docs_) + " documents, " +
+           human(static_cast<int64_t>(splits_.train.size())) + " training tokens, " +
+           human(static_cast<int64_t>(splits_.heldout.size())) + " held-out tokens, " +
+           std::to_string(loader_->windows_per_rank()) + " windows per rank");
+  std::string layout = "single process";
+  if (sharded_)
+    layout = std::string(mesh_->replicate > 1 ? "HSDP" : "FSDP") + ", " + mesh_->describe() +
+             ", " + sharded_->describe();
+  else if (ddp_)
+    layout = "DDP (replicated), " + ddp_->describe();
+  log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
+           "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
+  const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
+  std::ostringstream os;
+  os.precision(4);
+  os << "=> memory: parameters + AdamW state on this rank " << mine / 1048576.0 << " MiB of "
+     << whole / 1048576.0 << " MiB for the whole model (ratio "
+     << static_cast<double>(mine) / static_cast<double>(whole) << ")";
+  log_info(os.str());
+  log_info("=> global_batch_size = " + std::to_string(d_.global_batch) +
+           ", grad_accum_steps = " + std::to_string(d_.grad_accum_steps) +
+           ", tokens_per_step = " + std::to_string(d_.tokens_per_step));
+  log_info("=> lr schedule: warmup " + std::to_string(sched_->warmup_steps()) + ", stable " +
+           std::to_string(sched_->stable_steps()) + ", decay " +
+           std::to_string(sched_->decay_steps()) + " (" + cfg_.lr_scheduler.decay_type + ")");
+}
+
+void Trainer::resume() {
+  // Sharded parameters are written by every rank of the first replica and resharded on load
+  // from the dim-0 ranges in metadata.json.
+  CheckpointGroup cg;
+  cg.rank = launch_.rank;
+  cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0);
+  cg.writers = sharded_ ? mesh_->shard : 1;
+  if (pg_) {
+    if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
+    cg.token = pg_->store_get("checkpoint/token");
+    cg.counter = [p = pg_.get()](const std::string& k, int64_t v) { return p->store_add(k, v); };
+    cg.timeout = std::chrono::seconds(cfg_.comm.train_timeout_seconds);
+  } else {
+    cg.token = std::to_string(::getpid());
+  }
+  ckpt_ = std::make_unique<Checkpointer>(cfg_, cg, launch_.world_size);
+  state_.model = model_.get();
+  state_.optimizer = opt_.get();
+  // Every rank's loader runs in lockstep (same position, different windows), so one
+  // position is saved, recorded at the real dp degree: a resume on another world size
+  // rescales it.
+  state_.data_state = [this] {
+    auto s = loader_->state();
+    return nlohmann::json{{"epoch", s.epoch}, {"cursor", s.cursor}, {"dp", d_.dp_degree}};
+  };
+  state_.load_data_state = [this](const nlohmann::json& j) {
+    PackedLoader::State s;
+    s.epoch = j["epoch"].get<int64_t>();
+    s.cursor = j["cursor"].get<int64_t>() * j["dp"].get<int64_t>() / d_.dp_degree;
+    loader_->load_state(s);
+  };
+  if (cfg_.checkpoint.enable && !hf_init_) {
+    std::string what = ckpt_->load(state_);
+    log_info("=> checkpoint: " +
+             (what.empty() ? "none found under " + ckpt_->root() + ", starting fresh" : what));
+  }
+  if (ddp_) ddp_->broadcast_state(*model_);
+  if (mesh_) mesh_->start_training();  // the world and its sub-groups
+}
+
+// ---- the loop ------------------------------------------------------------------------------
+
+std::vector<MicroBatch> Trainer::next_micro_batches() {
+  std::vector<MicroBatch> micro;
+  for (int64_t m = 0; m < d_.grad_accum_steps; ++m) {
+    Batch b = loader_->next();
+    micro.push_back({b.tokens.to(device_, /*non_blocking=*/true), b.labels.to(device_, true)});
+  }
+  return micro;
+}
+
+int Trainer::train_loop() {
+  t_last_log_ = Clock::now();
+  StepOptions o;
+  o.global_tokens = static_cast<double>(d_.tokens_per_step);
+  o.dp_degree = d_.dp_degree;
+  o.max_norm = cfg_.training.max_norm;
+  const int64_t first_step = state_.step + 1;
+  for (int64_t step = first_step; step <= cfg_.training.steps; ++step) {
+    const bool log =
+        step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
+    const auto t0 = Clock::now();
+    std::vector<MicroBatch> micro = next_micro_batches();
+    data_ms_ += ms_since(t0);
+    o.lr = sched_->lr(step - state_.lr_step_offset);
+    o.time_phases = log;
+    StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
+    fwdbwd_ms_ += r.fwdbwd_ms;
+    opt_ms_ += r.opt_ms;
+    tokens_since_log_ +=
+        cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len;
+    if (step == first_step) {
+      const auto unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+      log_info("=> first step done " + std::to_string(static_cast<int64_t>(ms_since(t_exec_))) +
+               " ms after start (unix_ms " + std::to_string(unix_ms) + ")");
+    }
+    if (log) {
+      if (!log_step(step, r, o.lr)) return 1;
+    } else {
+      metrics_->progress(step, cfg_.training.steps,
+                         std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (cfg_.validation.enable && step % cfg_.validation.freq == 0) validate(step);
+    state_.step = step;
+    if (int sig = preempt_->poll(step)) {
+      log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) +
+               ") after step " + std::to_string(step) +
+               (cfg_.checkpoint.enable ? ": saving and exiting"
+                                       : ": checkpointing is disabled, exiting without saving"));
+      if (cfg_.checkpoint.enable) {
+        save(/*model_only=*/false);
+        ckpt_->wait();
+      }
+      preempted_ = true;
+      return 0;
+    }
+    if (cfg_.checkpoint.enable && step % cfg_.checkpoint.interval == 0 &&
+        step != cfg_.training.steps)
+      save(/*model_only=*/false);
+  }
+  return 0;
+}
+
+bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
+  StepMetrics m;
+  m.step = step;
+  if (pg_) {
+    // r.loss is this rank's share of the global mean; dp x that is the rank's own mean.
+    at::Tensor mean = r.loss.to(at::kDouble);
+    at::Tensor rank_max = mean * static_cast<double>(d_.dp_degree);
+    pg_->allreduce(mean, ReduceOp::Sum);
+    pg_->allreduce(rank_max, ReduceOp::Max);
+    m.loss = mean.item<double>();
+    m.loss_max = rank_max.item<double>();
+  } else {
+    m.loss = r.loss.item<double>();  // the log step's sync
+    m.loss_max = m.loss;
+  }
+  m.grad_norm = r.grad_norm.item<double>();
+  m.lr = lr;
+  const double secs = std::chrono::duration<double>(Clock::now() - t_last_log_).count();
+  m.tps = static_cast<double>(tokens_since_log_) / secs;
+  m.tflops =
+      m.tps * static_cast<double>(model_->info().flops_per_token(cfg_.training.seq_len)) / 1e12;
+  const double peak = cuda_ ? peak_flops_for_device(cuda_device_info(device_.index()).name) : 0;
+  m.mfu = peak > 0 ? 100.0 * m.tflops * 1e12 / peak : -1;
+  if (cuda_) {
+    m.memory_gib = static_cast<double>(cuda_peak_allocated(device_.index())) / (1 << 30);
+    m.memory_kind = "cuda max allocated";
+  } else {
+    m.memory_gib = max_rss_gib();
+  }
+  const double steps_in = static_cast<double>(step == 1 ? 1 : cfg_.metrics.log_freq);
+  m.data_ms = data_ms_ / steps_in;
+  m.fwdbwd_ms = fwdbwd_ms_ / steps_in;
+  m.opt_ms = opt_ms_ / steps_in;
+  m.extra = model_->extra_metrics();
+  metrics_->log_step(m);
+  if (!std::isfinite(m.loss)) {
+    log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
+             "; stopping");
+    return false;
+  }
+  t_last_log_ = Clock::now();
+  tokens_since_log_ = 0;
+  data_ms_ = fwdbwd_ms_ = opt_ms_ = 0;
+  return true;
+}
+
+void Trainer::validate(int64_t step) {
+  at::NoGradGuard ng;
+  const auto& v = cfg_.validation;
+  PackedLoader vl(&splits_.heldout, v.seq_len, v.local_batch_size, launch_.rank, d_.dp_degree, 0,
+                  /*shuffle=*/false);
+  const int64_t n = v.steps < 0 ? vl.windows_per_rank() / v.local_batch_size : v.steps;
+  at::Tensor sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Batch b = vl.next();
+    at::Tensor logits = model_->forward(b.tokens.to(device_));
+    sum += token_loss_sum(logits, b.labels.to(device_)).to(at::kDouble);
+    tokens += b.labels.numel();
+  }
+  if (pg_) {  // each rank scored its own windows
+    at::Tensor tk = at::full({}, static_cast<double>(tokens), sum.options());
+    pg_->allreduce(sum);
+    pg_->allreduce(tk);
+    tokens = static_cast<int64_t>(tk.item<double>());
+  }
+  const double loss = sum.item<double>() / static_cast<double>(tokens);  // validation's sync
+  metrics_->log_validation(step, loss, std::exp(loss), tokens);
+}
+
+void Trainer::save(bool model_only) {
+  // Every rank snapshots its part; rank 0 renames the folder once all parts are written.
+  ckpt_->save(state_, model_only);
+  if (pg_) pg_->barrier();
+}
+
+// ---- finish --------------------------------------------------------------------------------
+
+void Trainer::finish() {
+  const auto& cc = cfg_.checkpoint;
+  if (cc.enable && state_.step == cfg_.training.steps) save(cc.last_save_model_only);
+  ckpt_->wait();
+  if (cc.enable && cc.last_save_in_hf) export_hf();
+  // Rank 0 hosts the store: nobody leaves while a peer may still be in a collective.
+  if (pg_) pg_->barrier();
+  log_info("training done: " + std::to_string(cfg_.training.steps) + " steps");
+}
+
+void Trainer::export_hf() {
+  const std::string dir = ckpt_->root() + "/step-" + std::to_string(state_.step) + "-hf";
+  // Under FSDP the whole model is gathered (a collective) into an unsharded CPU copy on
+  // rank 0, which exports it; buffers (MoE expert biases) are replicated already.
+  std::unique_ptr<Model> whole;
+  if (sharded_) {
+    if (launch_.rank == 0) {
+      // A CPU copy for export only: the experts backend is irrelevant there, and grouped_mm
+      // (chosen for the GPU) cannot be built on the CPU.
+      JobConfig ecfg = cfg_;
+      ecfg.moe.experts_backend = "loop";
+      whole = build_model(ecfg, at::kCPU);
+    }
+    at::NoGradGuard ng;
+    for (int64_t i = 0; i < model_->params().size(); ++i) {
+      at::Tensor full = sharded_->full_param(i);
+      if (whole) whole->params().all()[static_cast<size_t>(i)].value.copy_(full);
+    }
+    if (whole) {
+      auto src = model_->buffers(), dst = whole->buffers();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+    }
+  }
+  if (launch_.rank == 0) {
+    HfExportOptions o;
+    o.dtype = hf_export_dtype(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
+    if (!std::filesystem::exists(dir)) export_model_hf(whole ? *whole : *model_, dir, o);
+    log_info("checkpoint: Hugging Face weights (" + cfg_.checkpoint.export_dtype + ") in " + dir);
+  }
+}
+
+}  // namespace titan

@@ -1,0 +1,97 @@
+// The training run, in phases that read top to bottom: distributed set-up, data, model and
+// its parallelization, optimizer and schedule, resume, the loop, finish.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/checkpointer.h"
+#include "app/preemption.h"
+#include "app/train_step.h"
+#include "core/config.h"
+#include "core/data.h"
+#include "core/lr_schedule.h"
+#include "core/metrics.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+#include "core/tokenizer.h"
+#include "parallel/ddp.h"
+#include "parallel/fsdp.h"
+#include "parallel/launch_env.h"
+#include "parallel/mesh.h"
+#include "parallel/process_group.h"
+
+namespace titan {
+
+class Trainer {
+ public:
+  Trainer(const JobConfig& cfg, const LaunchEnv& launch);
+  ~Trainer();
+  // Sets up, trains and finishes. Returns the process exit status.
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // ---- set-up phases, in order
+  void setup_distributed();
+  void setup_data();
+  void setup_model();
+  void parallelize();
+  void setup_optimizer();
+  void log_plan() const;
+  void resume();
+  // ---- the loop
+  int train_loop();
+  std::vector<MicroBatch> next_micro_batches();
+  // False when the loss is not finite (the run stops with status 1).
+  bool log_step(int64_t step, const StepResult& r, double lr);
+  void validate(int64_t step);
+  void save(bool model_only);
+  // ---- finish
+  void finish();
+  void export_hf();
+
+  const JobConfig cfg_;
+  const LaunchEnv launch_;
+  const DerivedConfig d_;
+  const Clock::time_point t_exec_;
+  bool cuda_ = false, bf16_ = false;
+  at::Device device_ = at::kCPU;
+
+  std::unique_ptr<ProcessGroup> pg_;
+  std::unique_ptr<Mesh> mesh_;
+  bool fsdp_ = false;  // the model is sharded (FSDP, HSDP, expert parallelism)
+
+  std::string tok_path_, data_path_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  int64_t num_docs_ = 0;
+  Splits splits_;
+  std::unique_ptr<PackedLoader> loader_;
+
+  bool hf_init_ = false;    // initial weights come from a Hugging Face folder
+  bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<FullyShardedDataParallel> sharded_;
+  std::unique_ptr<DataParallel> ddp_;
+  GradSync* grad_sync_ = nullptr;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<LRSchedule> sched_;
+
+  std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<Checkpointer> ckpt_;
+  TrainingState state_;
+  std::unique_ptr<PreemptionAgreement> preempt_;
+
+  // Accumulated since the last log line.
+  Clock::time_point t_last_log_;
+  int64_t tokens_since_log_ = 0;
+  double data_ms_ = 0, fwdbwd_ms_ = 0, opt_ms_ = 0;
+};
+
+// Where the bundled corpus and tokenizer live ($TITAN_CACHE, else ~/.cache/titan-train).
+std::string titan_cache_dir();
+
+}  // namespace titan

@@ -1,0 +1,19 @@
+// Layers that both the dense models (models/) and the MoE layer (moe/) use, so they live
+// below both (RMSNorm, the SwiGLU feed-forward), and the training loss.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace titan {
+
+// x: (..., D), w: (D). Computed in fp32, returned in x's dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+
+// w2(silu(x w1^T) * (x w3^T)). x: (..., D); w1, w3: (F, D); w2: (D, F).
+at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                  const at::Tensor& w3);
+
+// Sum over tokens of the cross-entropy, computed in fp32. logits: (B, T, V); labels: (B, T).
+at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace titan

@@ -1,0 +1,43 @@
+#include "models/registry.h"
+
+#include "core/errors.h"
+#include "models/deepseek_v3.h"
+#include "models/llama3.h"
+#include "models/llama4.h"
+
+namespace titan {
+
+std::vector<std::string> model_flavors(const std::string& name) {
+  if (name == "llama3") return llama3_flavor_names();
+  if (name == "llama4") return llama4_flavor_names();
+  if (name == "deepseek_v3") return deepseek_v3_flavor_names();
+  return {};
+}
+
+std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool defer_params) {
+  DeferParams defer(defer_params);
+  std::unique_ptr<Model> m;
+  if (cfg.model.name == "llama3") {
+    m = std::make_unique<Llama3>(llama3_flavor(cfg.model.flavor), device);
+  } else if (cfg.model.name == "llama4") {
+    Llama4Args a = llama4_flavor(cfg.model.flavor);
+    // Like torchtitan's update_from_config: the RoPE table covers the run's sequences.
+    a.max_seq_len = run_max_seq_len(cfg);
+    configure_moe(a.moe, cfg, device);
+    m = std::make_unique<Llama4>(a, device);
+  } else if (cfg.model.name == "deepseek_v3") {
+    DeepSeekV3Args a = deepseek_v3_flavor(cfg.model.flavor);
+    // As torchtitan: YaRN and its softmax mscale apply when the run's sequences are longer
+    // than original_seq_len.
+    a.max_seq_len = run_max_seq_len(cfg);
+    configure_moe(a.moe, cfg, device);
+    m = std::make_unique<DeepSeekV3>(a, device);
+  } else {
+    throw UserError("model.name = \"" + cfg.model.name +
+                    "\" is not a model; allowed: llama3, llama4, deepseek_v3");
+  }
+  if (!defer_params) m->init_weights(static_cast<uint64_t>(cfg.debug.seed));
+  return m;
+}
+
+}  // namespace titan
