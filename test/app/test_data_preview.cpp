@@ -36,7 +36,7 @@ std::vector<std::string> split_args(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("data-preview: JSON lines match the loader's batches; ranks list their half", "[data]") {
+TEST_CASE("data-preview: JSON lines match the loader's batches and ranks list their half", "[data]") {
   test::TempDir dir("preview");
   for (int s = 0; s < 2; ++s) {  // ids below the debugmodel's vocabulary of 2048
     std::vector<int32_t> tokens;

@@ -37,7 +37,7 @@ TEST_CASE("blend: dataset specs, comma lists and bad weights", "[blend]") {
                     Contains("validation.dataset_path is empty"));
 }
 
-TEST_CASE("blend: the Feistel permutation is a bijection of [0, n)", "[blend]") {
+TEST_CASE("blend: the Feistel permutation is a bijection of 0..n-1", "[blend]") {
   std::vector<uint64_t> sizes;
   for (uint64_t n = 1; n <= 300; ++n) sizes.push_back(n);
   for (uint64_t n : {1000, 1023, 1024, 1025, 4097, 65537, 100003}) sizes.push_back(n);
@@ -63,7 +63,7 @@ TEST_CASE("blend: the Feistel permutation is a bijection of [0, n)", "[blend]") 
   CHECK(same < 50);
 }
 
-TEST_CASE("blend: realised shares follow the weights; deterministic in the seed", "[blend]") {
+TEST_CASE("blend: realised shares follow the weights and are deterministic in the seed", "[blend]") {
   const std::vector<double> w = {0.5, 0.3, 0.2};
   BlendSampler s(w, {100, 7, 5000}, 42);
   BlendState st = s.initial_state();
