@@ -1,4 +1,5 @@
 #include "app/commands.h"
+#include "app/data_preview.h"
 
 #include <CLI/CLI.hpp>
 
@@ -153,7 +154,9 @@ int run_subcommand(int argc, char** argv) {
   const std::string name = argv[0];
   if (name == "tokenize") return run_tokenize(argc, argv);
   if (name == "convert-hf") return run_convert_hf(argc, argv);
-  throw UserError("unknown subcommand '" + name + "'; allowed: tokenize, convert-hf (see --help)");
+  if (name == "data-preview") return run_data_preview(argc, argv);
+  throw UserError("unknown subcommand '" + name +
+                  "'; allowed: tokenize, convert-hf, data-preview (see --help)");
 }
 
 int run_train_command(const JobConfig& cfg, const LaunchEnv& launch) {

@@ -6,15 +6,11 @@
 #include <vector>
 
 #include "core/grad_sync.h"
+#include "core/loader.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 
 namespace titan {
-
-struct MicroBatch {
-  at::Tensor tokens;  // (B, T) int64 on the model's device
-  at::Tensor labels;  // (B, T) int64
-};
 
 struct StepOptions {
   double global_tokens = 1;  // label tokens of the whole step, over every rank and micro-batch
