@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* kFooter =
     "Output naming: with one shard, OUT itself (OUT.tok; with --format megatron OUT.bin and\n"
-    "OUT.idx; a trailing .tok, .bin or .idx on OUT is kept). With several shards, OUT_000000.tok,\n"
+    "OUT.idx; a trailing .tok, .bin or .idx on OUT is dropped first). With several shards, OUT_000000.tok,\n"
     "OUT_000001.tok, ... (Megatron: OUT_000000.bin + OUT_000000.idx, ...). Each shard holds at\n"
     "most --shard-tokens tokens of whole documents. Files are written under temporary names and\n"
     "renamed only when every shard is complete; a failure leaves nothing behind.\n"
@@ -106,8 +106,8 @@ int run_tokenize_command(int argc, char** argv) {
   }
   inputs.insert(inputs.begin(), flag_inputs.begin(), flag_inputs.end());
   if (inputs.empty())
-    throw UserError("tokenize: no input; give INPUT... (files, folders or globs of " +
-                    text_formats_allowed() + "s)");
+    throw UserError("tokenize: no input; give INPUT... (files, folders or globs; allowed: " +
+                    text_formats_allowed() + ")");
   const std::vector<std::string> files =
       expand_input_specs(inputs, accept_input, text_formats_allowed() + " (or a version-1 .tok)");
   auto tok = load_tokenizer(tok_path);

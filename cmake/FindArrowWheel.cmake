@@ -35,9 +35,13 @@ else()
       list(GET _parquet 0 _parquet)
       set(TITAN_ARROW_LIBRARIES "${_parquet};${_arrow}")
       # The wheel must use the same C++ ABI as LibTorch (_GLIBCXX_USE_CXX11_ABI from
-      # TORCH_CXX_FLAGS): linking a call that takes a std::string proves it.
+      # TORCH_CXX_FLAGS; empty means the compiler's default, the C++11 ABI): linking a call
+      # that takes a std::string proves it. Arrow 26's headers need C++20 (std::span), so
+      # the one file that includes them is compiled as C++20 (see CMakeLists.txt).
       include(CheckCXXSourceCompiles)
-      set(CMAKE_REQUIRED_FLAGS "${TORCH_CXX_FLAGS} -std=c++17")
+      set(_std ${CMAKE_CXX_STANDARD})
+      set(CMAKE_CXX_STANDARD 20)  # try_compile would otherwise add the project's -std=c++17
+      set(CMAKE_REQUIRED_FLAGS "${TORCH_CXX_FLAGS}")
       set(CMAKE_REQUIRED_INCLUDES "${TITAN_ARROW_INCLUDE}")
       set(CMAKE_REQUIRED_LIBRARIES "${TITAN_ARROW_LIBRARIES}")
       check_cxx_source_compiles([[
@@ -46,13 +50,14 @@ else()
           parquet::arrow::FileReaderBuilder b;
           return b.OpenFile(std::string("x.parquet")).ok() ? 0 : 1;
         }]] TITAN_ARROW_ABI_OK)
+      set(CMAKE_CXX_STANDARD ${_std})
       unset(CMAKE_REQUIRED_FLAGS)
       unset(CMAKE_REQUIRED_INCLUDES)
       unset(CMAKE_REQUIRED_LIBRARIES)
       if(TITAN_ARROW_ABI_OK)
         set(TITAN_HAVE_PARQUET ON)
       else()
-        set(_why "pyarrow ${_pyarrow_version}'s libparquet does not link with LibTorch's C++ ABI flags (${TORCH_CXX_FLAGS})")
+        set(_why "pyarrow ${_pyarrow_version}'s libparquet does not compile and link as C++20 with LibTorch's ABI flags ('${TORCH_CXX_FLAGS}'); see CMakeFiles/CMakeError.log")
       endif()
     endif()
   endif()

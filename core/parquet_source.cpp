@@ -80,7 +80,15 @@ class ParquetSource : public TextSource {
         if (!rb) break;
         current_ = rb->column(0);
         row_ = 0;
-        if (!is_text(*current_->type()))
+        // A column stored with Arrow's dictionary type (pyarrow writes one for a categorical)
+        // is read through its dictionary.
+        dict_ = nullptr;
+        values_ = current_;
+        if (current_->type_id() == arrow::Type::DICTIONARY) {
+          dict_ = std::static_pointer_cast<arrow::DictionaryArray>(current_);
+          values_ = dict_->dictionary();
+        }
+        if (!is_text(*values_->type()))
           throw UserError("data file '" + path_ + "': column \"" + opts_.field + "\" has type " +
                           current_->type()->ToString() + "; allowed: string or binary");
         continue;
@@ -123,16 +131,17 @@ class ParquetSource : public TextSource {
         return false;
     }
   }
-  std::string_view view(int64_t i) const {
-    switch (current_->type_id()) {
+  std::string_view view(int64_t row) const {
+    const int64_t i = dict_ ? dict_->GetValueIndex(row) : row;
+    switch (values_->type_id()) {
       case arrow::Type::STRING:
       case arrow::Type::BINARY:
-        return static_cast<const arrow::BinaryArray&>(*current_).GetView(i);
+        return static_cast<const arrow::BinaryArray&>(*values_).GetView(i);
       case arrow::Type::LARGE_STRING:
       case arrow::Type::LARGE_BINARY:
-        return static_cast<const arrow::LargeBinaryArray&>(*current_).GetView(i);
+        return static_cast<const arrow::LargeBinaryArray&>(*values_).GetView(i);
       default:
-        return static_cast<const arrow::BinaryViewArray&>(*current_).GetView(i);
+        return static_cast<const arrow::BinaryViewArray&>(*values_).GetView(i);
     }
   }
 
@@ -140,7 +149,8 @@ class ParquetSource : public TextSource {
   TextReaderOptions opts_;
   std::unique_ptr<parquet::arrow::FileReader> reader_;
   std::unique_ptr<arrow::RecordBatchReader> batches_;
-  std::shared_ptr<arrow::Array> current_;
+  std::shared_ptr<arrow::Array> current_, values_;
+  std::shared_ptr<arrow::DictionaryArray> dict_;
   int64_t row_ = 0, rows_done_ = 0, total_rows_ = 0;
   uint64_t file_size_ = 0;
 };

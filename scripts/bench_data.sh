@@ -31,7 +31,8 @@ with open(sys.argv[2], "w", encoding="utf-8") as f:
         copy += 1
 PY
   local bytes; bytes=$(stat -c %s "$jsonl")
-  echo "tokenize: $(( bytes / 1000000 )) MB of JSONL, tokenizer $TITAN_TOKENIZER"
+  echo "tokenize: $(( bytes / 1000000 )) MB of JSONL, tokenizer $TITAN_TOKENIZER;" \
+    "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   declare -A ours hf
   for threads in 1 2; do
     local line

@@ -7,8 +7,9 @@ by megatron-core, compressed and columnar inputs written by gzip, zstandard and 
 
   inputs JSONL OUTDIR
       OUTDIR/in.jsonl.gz (two gzip members), in.jsonl.zst (two zstd frames), in.parquet
-      (the "text" column plus an "id" column, 3 row groups) and nofield.parquet (a "body"
-      column only), all holding JSONL's documents.
+      (the "text" column plus an "id" column, 3 row groups), nofield.parquet (a "body"
+      column only) and dict.parquet (Arrow dictionary-typed "text"), all holding JSONL's
+      documents.
   check-tok TOKENIZER DOCS BOS EOS TOK...
       DOCS is a .txt (blank-line separated) or .jsonl ("text"); BOS/EOS are ids or -1. Checks
       the .tok v2 layout of each TOK (header, offsets, zero padding, 4096-aligned tokens, max
@@ -77,6 +78,9 @@ def cmd_inputs(jsonl, outdir):
     pq.write_table(table, os.path.join(outdir, "in.parquet"),
                    row_group_size=max(1, (len(docs) + 2) // 3))
     pq.write_table(pa.table({"body": docs}), os.path.join(outdir, "nofield.parquet"))
+    dict_type = pa.dictionary(pa.int32(), pa.string())
+    pq.write_table(pa.table({"text": pa.array(docs).dictionary_encode().cast(dict_type)}),
+                   os.path.join(outdir, "dict.parquet"))
 
 
 def read_tok_v2(path):
