@@ -34,8 +34,7 @@ constexpr int64_t kPageBuffer = 1 << 20;
 
 class ParquetSource : public TextSource {
  public:
-  ParquetSource(const std::string& path, const TextReaderOptions& opts)
-      : path_(path), opts_(opts) {
+  ParquetSource(const std::string& path, const TextReaderOptions& opts) : path_(path), opts_(opts) {
     parquet::ReaderProperties props;
     props.enable_buffered_stream();
     props.set_buffer_size(kPageBuffer);
@@ -115,8 +114,8 @@ class ParquetSource : public TextSource {
 
  private:
   void check(const arrow::Status& st, const std::string& what) const {
-    if (!st.ok()) throw UserError("data file '" + path_ + "': " + what + " (arrow: " +
-                                  st.message() + ")");
+    if (!st.ok())
+      throw UserError("data file '" + path_ + "': " + what + " (arrow: " + st.message() + ")");
   }
   static bool is_text(const arrow::DataType& t) {
     switch (t.id()) {
@@ -164,8 +163,7 @@ std::unique_ptr<TextSource> open_parquet_source(const std::string& path,
 
 #else
 
-std::unique_ptr<TextSource> open_parquet_source(const std::string& path,
-                                                const TextReaderOptions&) {
+std::unique_ptr<TextSource> open_parquet_source(const std::string& path, const TextReaderOptions&) {
   throw UserError("data file '" + path +
                   "': Parquet input needs Apache Arrow, and this build has none (configure "
                   "found no pyarrow in TITAN_PYTHON); allowed: .txt, .jsonl, .jsonl.gz, "

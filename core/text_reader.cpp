@@ -47,7 +47,9 @@ class Fd {
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
   }
-  ~Fd() { ::close(fd_); }
+  ~Fd() {
+    ::close(fd_);
+  }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   size_t read(char* dst, size_t cap) {
@@ -62,8 +64,12 @@ class Fd {
                         " (" + std::strerror(errno) + ")");
     }
   }
-  uint64_t done() const { return done_; }
-  uint64_t size() const { return size_; }
+  uint64_t done() const {
+    return done_;
+  }
+  uint64_t size() const {
+    return size_;
+  }
 
  private:
   std::string path_;
@@ -126,8 +132,8 @@ class GzipReader : public ByteReader {
         inflateReset(&z_);  // a following member continues the stream (gzip -c a b > c)
       } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
         throw UserError("data file '" + path_ + "': corrupt gzip data near compressed byte " +
-                        std::to_string(f_.done() - z_.avail_in) + " (zlib: " +
-                        (z_.msg ? z_.msg : "error " + std::to_string(rc)) + ")");
+                        std::to_string(f_.done() - z_.avail_in) +
+                        " (zlib: " + (z_.msg ? z_.msg : "error " + std::to_string(rc)) + ")");
       }
     }
     return static_cast<size_t>(reinterpret_cast<char*>(z_.next_out) - dst);
@@ -170,8 +176,8 @@ class ZstdReader : public ByteReader {
       const size_t rc = ZSTD_decompressStream(ds_, &out, &ib_);
       if (ZSTD_isError(rc))
         throw UserError("data file '" + path_ + "': corrupt zstd data near compressed byte " +
-                        std::to_string(f_.done() - (ib_.size - ib_.pos)) + " (zstd: " +
-                        ZSTD_getErrorName(rc) + ")");
+                        std::to_string(f_.done() - (ib_.size - ib_.pos)) +
+                        " (zstd: " + ZSTD_getErrorName(rc) + ")");
       pending_ = rc;  // 0: a frame just ended
     }
     return out.pos;
@@ -412,22 +418,33 @@ void require_utf8(const TextBatch& b, size_t i, std::string_view text) {
 }  // namespace
 
 bool text_format_of(const std::string& path, TextFormat* out) {
-  if (ends_with(path, ".txt")) *out = TextFormat::kTxt;
-  else if (ends_with(path, ".jsonl")) *out = TextFormat::kJsonl;
-  else if (ends_with(path, ".jsonl.gz")) *out = TextFormat::kJsonlGz;
-  else if (ends_with(path, ".jsonl.zst")) *out = TextFormat::kJsonlZst;
-  else if (ends_with(path, ".parquet")) *out = TextFormat::kParquet;
-  else return false;
+  if (ends_with(path, ".txt"))
+    *out = TextFormat::kTxt;
+  else if (ends_with(path, ".jsonl"))
+    *out = TextFormat::kJsonl;
+  else if (ends_with(path, ".jsonl.gz"))
+    *out = TextFormat::kJsonlGz;
+  else if (ends_with(path, ".jsonl.zst"))
+    *out = TextFormat::kJsonlZst;
+  else if (ends_with(path, ".parquet"))
+    *out = TextFormat::kParquet;
+  else
+    return false;
   return true;
 }
 
 const char* text_format_name(TextFormat f) {
   switch (f) {
-    case TextFormat::kTxt: return "txt";
-    case TextFormat::kJsonl: return "jsonl";
-    case TextFormat::kJsonlGz: return "jsonl.gz";
-    case TextFormat::kJsonlZst: return "jsonl.zst";
-    case TextFormat::kParquet: return "parquet";
+    case TextFormat::kTxt:
+      return "txt";
+    case TextFormat::kJsonl:
+      return "jsonl";
+    case TextFormat::kJsonlGz:
+      return "jsonl.gz";
+    case TextFormat::kJsonlZst:
+      return "jsonl.zst";
+    case TextFormat::kParquet:
+      return "parquet";
   }
   return "?";
 }
@@ -479,8 +496,7 @@ std::vector<std::string> expand_input_specs(const std::vector<std::string>& spec
       else
         ++skipped;
     }
-    if (ec)
-      throw UserError("input folder '" + spec + "': cannot be listed (" + ec.message() + ")");
+    if (ec) throw UserError("input folder '" + spec + "': cannot be listed (" + ec.message() + ")");
     if (hits.empty())
       throw UserError("input folder '" + spec + "': holds no input files; allowed: " + allowed);
     if (skipped > 0)
@@ -496,18 +512,20 @@ std::unique_ptr<TextSource> open_text_source(const std::string& path,
                                              const TextReaderOptions& opts) {
   TextFormat f;
   if (!text_format_of(path, &f))
-    throw UserError("data file '" + path + "': unknown extension; allowed: " +
-                    text_formats_allowed());
+    throw UserError("data file '" + path +
+                    "': unknown extension; allowed: " + text_formats_allowed());
   std::error_code ec;
   if (fs::is_directory(path, ec))
     throw UserError("data file '" + path + "': is a folder; allowed: " + text_formats_allowed());
   if (!fs::exists(path, ec))
-    throw UserError("data file '" + path + "': does not exist; allowed: " +
-                    text_formats_allowed());
+    throw UserError("data file '" + path + "': does not exist; allowed: " + text_formats_allowed());
   switch (f) {
-    case TextFormat::kTxt: return std::make_unique<TxtSource>(path, f, opts);
-    case TextFormat::kParquet: return open_parquet_source(path, opts);
-    default: return std::make_unique<JsonlSource>(path, f, opts);
+    case TextFormat::kTxt:
+      return std::make_unique<TxtSource>(path, f, opts);
+    case TextFormat::kParquet:
+      return open_parquet_source(path, opts);
+    default:
+      return std::make_unique<JsonlSource>(path, f, opts);
   }
 }
 

@@ -63,7 +63,7 @@ struct TextBatch {
 };
 
 struct TextReaderOptions {
-  std::string field = "text";  // JSON key / Parquet column holding the document
+  std::string field = "text";    // JSON key / Parquet column holding the document
   size_t batch_bytes = 1 << 20;  // a batch ends at the first record that reaches this size
 };
 

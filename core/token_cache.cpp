@@ -57,14 +57,14 @@ CacheKey cache_key(const std::string& raw, const std::string& tokenizer_file,
   if (::stat(raw.c_str(), &st) != 0)
     throw UserError("data file '" + raw + "': cannot be read (" + std::strerror(errno) + ")");
   const std::string abs = fs::absolute(raw).lexically_normal().string();
-  const long long mtime_ns = static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL +
-                             st.st_mtim.tv_nsec;
+  const long long mtime_ns =
+      static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
   CacheKey k;
   k.text = "titan-train token cache 1\ninput " + abs + "\nsize " +
            std::to_string(static_cast<long long>(st.st_size)) + "\nmtime_ns " +
            std::to_string(mtime_ns) + "\ntokenizer " + file_content_hash(tokenizer_file) +
-           "\nfield " + o.field + "\nbos " + (o.bos ? "1" : "0") + "\neos " +
-           (o.eos ? "1" : "0") + "\noutput tok v2\n";
+           "\nfield " + o.field + "\nbos " + (o.bos ? "1" : "0") + "\neos " + (o.eos ? "1" : "0") +
+           "\noutput tok v2\n";
   std::string stem = fs::path(raw).filename().string();
   for (char& c : stem)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
@@ -129,15 +129,16 @@ TokenCacheResult ensure_token_cache(const std::string& raw_path, const Tokenizer
   if (!opts.builder) {
     if (opts.barrier) opts.barrier();
     if (!complete(k))
-      throw UserError("data file '" + raw_path + "': the node's local rank 0 left no token cache at '" +
-                      k.tok_path + "'; see its log for why");
+      throw UserError("data file '" + raw_path +
+                      "': the node's local rank 0 left no token cache at '" + k.tok_path +
+                      "'; see its log for why");
     r.log_line = "data: token cache for " + raw_path + " (built by local rank 0): " + k.tok_path;
     return r;
   }
   try {
     if (complete(k)) {
-      r.log_line = "data: reusing token cache for " + raw_path + ": " + k.tok_path +
-                   " (nothing tokenized)";
+      r.log_line =
+          "data: reusing token cache for " + raw_path + ": " + k.tok_path + " (nothing tokenized)";
     } else {
       std::error_code ec;
       const std::string dir = fs::path(k.tok_path).parent_path().string();
@@ -158,8 +159,7 @@ TokenCacheResult ensure_token_cache(const std::string& raw_path, const Tokenizer
       r.tokens = tr.tokens;
       char b[160];
       std::snprintf(b, sizeof b, " (%lld documents, %lld tokens, %.1f s)",
-                    static_cast<long long>(tr.docs), static_cast<long long>(tr.tokens),
-                    tr.seconds);
+                    static_cast<long long>(tr.docs), static_cast<long long>(tr.tokens), tr.seconds);
       r.log_line = "data: tokenized " + raw_path + " into token cache " + k.tok_path + b;
     }
   } catch (...) {

@@ -35,10 +35,10 @@ struct TokenCacheOptions {
 };
 
 struct TokenCacheResult {
-  std::string path;      // the cached .tok v2 file
-  bool reused = false;   // true: found complete; this process tokenized nothing
+  std::string path;              // the cached .tok v2 file
+  bool reused = false;           // true: found complete; this process tokenized nothing
   int64_t docs = 0, tokens = 0;  // of the build; 0 when reused (the file's header has them)
-  std::string log_line;  // one line for the start-up log, saying reused or built
+  std::string log_line;          // one line for the start-up log, saying reused or built
 };
 
 // Returns the cache file for `raw_path`, building it first if this process is the builder

@@ -90,7 +90,8 @@ class OutFile {
       ssize_t k = -1;
       if (kernel) {
         k = ::copy_file_range(in, nullptr, fd_, nullptr, std::min<uint64_t>(left, 1 << 30), 0);
-        if (k < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+        if (k < 0 &&
+            (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
           kernel = false;
           continue;
         }
@@ -236,8 +237,7 @@ class TokShard : public TokenShardWriter::Shard {
     tokens_.close(false);
     offsets_.close(false);
     const uint64_t d = static_cast<uint64_t>(docs), n = static_cast<uint64_t>(tokens);
-    const uint64_t start =
-        (kTokHeaderBytes + 8 * (d + 1) + kTokAlign - 1) / kTokAlign * kTokAlign;
+    const uint64_t start = (kTokHeaderBytes + 8 * (d + 1) + kTokAlign - 1) / kTokAlign * kTokAlign;
     OutFile out(tok_path_);
     out.write(kTokMagic, 8);
     out.put<uint32_t>(kTokVersion);
@@ -388,7 +388,8 @@ std::vector<std::string> TokenShardWriter::commit() {
     stale.push_back(p);
   }
   for (auto& p : stale)
-    log_warn("'" + p + "' is from an earlier run, not part of this output; remove it before "
+    log_warn("'" + p +
+             "' is from an earlier run, not part of this output; remove it before "
              "training on a folder or glob of these shards");
   return out;
 }

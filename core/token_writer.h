@@ -38,9 +38,13 @@ constexpr uint32_t kTokVersion = 2;
 constexpr uint64_t kTokHeaderBytes = 64;
 constexpr uint64_t kTokAlign = 4096;
 // Bytes per token for a vocabulary: 2 up to 65536 ids, else 4.
-inline uint32_t tok_token_bytes(int64_t vocab) { return vocab <= 65536 ? 2 : 4; }
+inline uint32_t tok_token_bytes(int64_t vocab) {
+  return vocab <= 65536 ? 2 : 4;
+}
 // Megatron's rule (DType.optimal_dtype): uint16 (code 8) below 65500 ids, else int32 (code 4).
-inline bool megatron_uses_u16(int64_t vocab) { return vocab < 65500; }
+inline bool megatron_uses_u16(int64_t vocab) {
+  return vocab < 65500;
+}
 
 class TokenShardWriter {
  public:

@@ -109,6 +109,7 @@ class Pipeline {
     r.tokens = out.tokens();
     r.input_bytes = bytes_total_;
     r.seconds = since(t0);
+    r.threads = threads_;
     return r;
   }
 

@@ -32,8 +32,8 @@ struct TokenizeOptions {
   int threads = 1;           // encoding threads; 0: one per CPU
   std::string field = "text";
   size_t batch_bytes = 1 << 20;  // text per work item (TextReaderOptions::batch_bytes)
-  bool bos = true, eos = true;  // frame each document; skipped with a warning when the
-                                // tokenizer has no such token
+  bool bos = true, eos = true;   // frame each document; skipped with a warning when the
+                                 // tokenizer has no such token
   // Called on the calling thread about twice a second while running.
   std::function<void(const TokenizeProgress&)> progress;
   // Polled as often; returning true stops the run with a UserError, temporaries removed.
@@ -44,6 +44,7 @@ struct TokenizeResult {
   int64_t docs = 0, tokens = 0;
   uint64_t input_bytes = 0;
   double seconds = 0;
+  int threads = 0;  // encoding threads used (0: no encoding, a .tok conversion)
   std::vector<std::string> outputs;  // .tok files, or the .bin of each Megatron pair
 };
 

@@ -104,11 +104,11 @@ TEST_CASE("textreader: invalid UTF-8 names the file and byte offset", "[textread
                     Contains("b.jsonl': not valid UTF-8 at byte offset 24"));
   CHECK(invalid_utf8_at("plain ascii text, long enough for the 8-byte skip") == std::string::npos);
   CHECK(invalid_utf8_at("\xe2\x82\xac \xf0\x9f\x98\x80 \xc3\xa9") == std::string::npos);
-  CHECK(invalid_utf8_at("abcdefgh\xc0\xaf") == 8);       // overlong '/'
-  CHECK(invalid_utf8_at("abc\xed\xa0\x80") == 3);        // surrogate U+D800
-  CHECK(invalid_utf8_at("\xf4\x90\x80\x80") == 0);       // above U+10FFFF
-  CHECK(invalid_utf8_at("0123456789\xe2\x82") == 10);    // cut short at the end
-  CHECK(invalid_utf8_at("\x80") == 0);                   // lone continuation byte
+  CHECK(invalid_utf8_at("abcdefgh\xc0\xaf") == 8);     // overlong '/'
+  CHECK(invalid_utf8_at("abc\xed\xa0\x80") == 3);      // surrogate U+D800
+  CHECK(invalid_utf8_at("\xf4\x90\x80\x80") == 0);     // above U+10FFFF
+  CHECK(invalid_utf8_at("0123456789\xe2\x82") == 10);  // cut short at the end
+  CHECK(invalid_utf8_at("\x80") == 0);                 // lone continuation byte
 }
 
 TEST_CASE("textreader: gzip members and zstd frames stream as one text", "[textreader]") {
@@ -182,8 +182,8 @@ TEST_CASE("textreader: folders and globs expand in sorted order; bad specs are e
   CHECK(files[0] == dir.file("d/a.txt"));
   CHECK(files[1] == dir.file("d/b.jsonl"));
   CHECK(files[2] == dir.file("d/c.jsonl.zst"));
-  auto globbed = expand_input_specs({dir.file("d/*.jsonl*"), dir.file("d/a.txt")}, accept_text,
-                                    allowed);
+  auto globbed =
+      expand_input_specs({dir.file("d/*.jsonl*"), dir.file("d/a.txt")}, accept_text, allowed);
   REQUIRE(globbed.size() == 3);
   CHECK(globbed[0] == dir.file("d/b.jsonl"));
   CHECK(globbed[2] == dir.file("d/a.txt"));

@@ -134,7 +134,7 @@ TEST_CASE("tokenize: output is the same for 1, 2 and 4 threads and equals HF tok
   CHECK(one == test::read_file(dir.file("t2.tok")));
   CHECK(one == test::read_file(dir.file("t4.tok")));
   auto r = py_ref("check-tok " + tok + " " + dir.file("c.jsonl") + " " + ids(*t) + " " +
-               dir.file("t1.tok"));
+                  dir.file("t1.tok"));
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK_THAT(r.out, Contains("ok "));
@@ -147,11 +147,11 @@ TEST_CASE("tokenize: output is the same for 1, 2 and 4 threads and equals HF tok
                     dir.file("c.txt"));
   REQUIRE(y.rc == 0);
   auto rx = py_ref("check-tok " + tok + " " + dir.file("c.txt") + " " + ids(*t) + " " +
-                dir.file("x.tok"));
+                   dir.file("x.tok"));
   INFO(rx.out);
   CHECK(rx.rc == 0);
   auto ry = py_ref("check-tok " + tok + " " + dir.file("c.txt") + " -1 " +
-                std::to_string(t->eos_id()) + " " + dir.file("y.tok"));
+                   std::to_string(t->eos_id()) + " " + dir.file("y.tok"));
   INFO(ry.out);
   CHECK(ry.rc == 0);
 }
@@ -236,8 +236,8 @@ TEST_CASE("tokenize: Megatron output equals megatron-core's IndexedDatasetBuilde
   test::write_file(dir.file("c.jsonl"), corpus_jsonl(200000));
   auto a = tokenize("--tokenizer " + tok + " --format megatron --output " + dir.file("m.bin") +
                     " " + dir.file("c.jsonl"));
-  auto b = tokenize("--tokenizer " + tok + " --output " + dir.file("t") + " " +
-                    dir.file("c.jsonl"));
+  auto b =
+      tokenize("--tokenizer " + tok + " --output " + dir.file("t") + " " + dir.file("c.jsonl"));
   INFO(a.out + b.out);
   REQUIRE(a.rc == 0);
   REQUIRE(b.rc == 0);
@@ -265,9 +265,9 @@ TEST_CASE("tokenize: Megatron output equals megatron-core's IndexedDatasetBuilde
   CHECK(tok_header(dir.file("w.tok")).width == 4);
   CHECK(tok_header(dir.file("w.tok")).max_id == 69999);
   auto r = py_ref("megatron-compare " + dir.file("t.tok") + " " + dir.file("m") + " " +
-               std::to_string(t->vocab_size()) + " " + dir.file("n16.tok") + " " +
-               dir.file("n16") + " 65536 " + dir.file("w.tok") + " " + dir.file("w") +
-               " 70000 " + dir.file("s.tok") + " " + dir.file("s") + " 300");
+                  std::to_string(t->vocab_size()) + " " + dir.file("n16.tok") + " " +
+                  dir.file("n16") + " 65536 " + dir.file("w.tok") + " " + dir.file("w") +
+                  " 70000 " + dir.file("s.tok") + " " + dir.file("s") + " 300");
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK(std::regex_search(r.out, std::regex("ok [0-9]+\nok 5\nok 3\nok 2")));
@@ -299,7 +299,8 @@ TEST_CASE("tokenize: bad input is one error line naming the file, exit 2, nothin
       {dir.file("in.jsonl") + " " + dir.file("nofield.jsonl"), {"nofield.jsonl' line 2"}},
   };
   if (parquet_supported())
-    cases.push_back({dir.file("nofield.parquet"), {"nofield.parquet", "no column \"text\"", "body"}});
+    cases.push_back(
+        {dir.file("nofield.parquet"), {"nofield.parquet", "no column \"text\"", "body"}});
   for (const char* fmt : {"tok", "megatron"})
     for (auto& c : cases) {
       INFO(fmt << " " << c.input);
@@ -441,19 +442,19 @@ TEST_CASE("tokenize: peak memory does not grow with the input (30 MB vs 300 MB o
     while (written < bytes) {
       size_t end = corpus.find("\n\n", pos);
       if (end == std::string::npos) end = corpus.size(), ++copy;
-      const std::string line =
-          nlohmann::json({{"text", "copy " + std::to_string(copy) + ": " +
-                                       corpus.substr(pos, end - pos)}})
-              .dump() + "\n";
+      const std::string line = nlohmann::json({{"text", "copy " + std::to_string(copy) + ": " +
+                                                            corpus.substr(pos, end - pos)}})
+                                   .dump() +
+                               "\n";
       f << line;
       written += line.size();
       pos = end >= corpus.size() ? 0 : end + 2;
     }
   };
   auto peak_kb = [&](const std::string& in) {
-    auto r = test::run("/usr/bin/time -f 'maxrss_kb %M' " + test::binary() +
-                       " tokenize --tokenizer bytes --threads 2 --output " + dir.file("out") +
-                       " " + in);
+    auto r =
+        test::run("/usr/bin/time -f 'maxrss_kb %M' " + test::binary() +
+                  " tokenize --tokenizer bytes --threads 2 --output " + dir.file("out") + " " + in);
     INFO(r.out);
     REQUIRE(r.rc == 0);
     std::smatch m;
@@ -470,19 +471,19 @@ TEST_CASE("tokenize: peak memory does not grow with the input (30 MB vs 300 MB o
   make(dir.file("big.jsonl"), 300u << 20);
   const int64_t big = peak_kb(dir.file("big.jsonl"));
   fs::remove(dir.file("big.jsonl"));
-  WARN("peak RSS: " << base / 1024 << " MiB for 1 document, " << small / 1024
-                    << " MiB for 30 MB, " << big / 1024 << " MiB for 300 MB");
+  WARN("peak RSS: " << base / 1024 << " MiB for 1 document, " << small / 1024 << " MiB for 30 MB, "
+                    << big / 1024 << " MiB for 300 MB");
   CHECK(big < small + 50 * 1024);
   CHECK(big < base + 300 * 1024);
 
   // SIGINT mid-run: exit 2, and the temporaries are gone.
   fs::create_directories(dir.file("int"));
-  auto r = test::run("sh -c '" + test::binary() + " tokenize --tokenizer " +
-                     test::tokenizer_path() + " --threads 1 --output " + dir.file("int/x") + " " +
-                     dir.file("small.jsonl") +
-                     " & p=$!; for i in $(seq 600); do ls " + dir.file("int") +
-                     " | grep -q tmp && break; sleep 0.05; done; kill -INT $p; wait $p; "
-                     "echo rc=$?'");
+  auto r =
+      test::run("sh -c '" + test::binary() + " tokenize --tokenizer " + test::tokenizer_path() +
+                " --threads 1 --output " + dir.file("int/x") + " " + dir.file("small.jsonl") +
+                " & p=$!; for i in $(seq 600); do ls " + dir.file("int") +
+                " | grep -q tmp && break; sleep 0.05; done; kill -INT $p; wait $p; "
+                "echo rc=$?'");
   INFO(r.out);
   CHECK_THAT(r.out, Contains("rc=2") && Contains("interrupted"));
   CHECK(files_in(dir.file("int")).empty());
