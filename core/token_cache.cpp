@@ -86,7 +86,7 @@ std::string slurp(const std::string& path) {
 }
 
 bool complete(const CacheKey& k) {
-  return tok_file_version(k.tok_path) == kTokVersion && slurp(k.key_path) == k.text;
+  return tok_file_version(k.tok_path) == kTokV2Version && slurp(k.key_path) == k.text;
 }
 
 // The sidecar under a name of its own first, so concurrent builders never share a temp.

@@ -237,16 +237,17 @@ class TokShard : public TokenShardWriter::Shard {
     tokens_.close(false);
     offsets_.close(false);
     const uint64_t d = static_cast<uint64_t>(docs), n = static_cast<uint64_t>(tokens);
-    const uint64_t start = (kTokHeaderBytes + 8 * (d + 1) + kTokAlign - 1) / kTokAlign * kTokAlign;
+    const uint64_t start =
+        (kTokV2HeaderBytes + 8 * (d + 1) + kTokV2Align - 1) / kTokV2Align * kTokV2Align;
     OutFile out(tok_path_);
-    out.write(kTokMagic, 8);
-    out.put<uint32_t>(kTokVersion);
+    out.write(kTokV2Magic, 8);
+    out.put<uint32_t>(kTokV2Version);
     out.put<uint32_t>(width_);
     out.put<uint64_t>(d);
     out.put<uint64_t>(n);
     out.put<uint64_t>(static_cast<uint64_t>(vocab_));
     out.put<uint64_t>(n ? static_cast<uint64_t>(max_id_) : 0);
-    out.put<uint64_t>(kTokHeaderBytes);
+    out.put<uint64_t>(kTokV2HeaderBytes);
     out.put<uint64_t>(start);
     out.append_file(offsets_.path());
     out.zeros(start - out.size());

@@ -32,11 +32,12 @@ std::string token_output_base(const std::string& output, TokenFileFormat f);
 // the .bin; its .idx sits next to it).
 std::string token_shard_path(const std::string& base, TokenFileFormat f, int64_t i, int64_t n);
 
-// .tok v2 header fields (docs/data.md); exposed for the readers and tests.
-constexpr char kTokMagic[8] = {'T', 'I', 'T', 'A', 'N', 'T', 'O', 'K'};
-constexpr uint32_t kTokVersion = 2;
-constexpr uint64_t kTokHeaderBytes = 64;
-constexpr uint64_t kTokAlign = 4096;
+// .tok v2 header fields (docs/data.md). The reader (core/token_source.h) has its own copies of
+// the sizes; these names keep clear of them.
+constexpr char kTokV2Magic[8] = {'T', 'I', 'T', 'A', 'N', 'T', 'O', 'K'};
+constexpr uint32_t kTokV2Version = 2;
+constexpr uint64_t kTokV2HeaderBytes = 64;
+constexpr uint64_t kTokV2Align = 4096;
 // Bytes per token for a vocabulary: 2 up to 65536 ids, else 4.
 inline uint32_t tok_token_bytes(int64_t vocab) {
   return vocab <= 65536 ? 2 : 4;

@@ -280,7 +280,7 @@ uint32_t tok_file_version(const std::string& path) {
   char head[12] = {};
   const size_t n = std::fread(head, 1, sizeof head, f);
   std::fclose(f);
-  if (n < sizeof head || std::memcmp(head, kTokMagic, 8) != 0) return 0;
+  if (n < sizeof head || std::memcmp(head, kTokV2Magic, 8) != 0) return 0;
   uint32_t v;
   std::memcpy(&v, head + 8, 4);
   return v;
@@ -309,10 +309,10 @@ TokenizeResult convert_tok_v1(const std::string& input, const Tokenizer& tok,
   V1File head(input), body(input);
   char magic[8];
   head.read(magic, 8);
-  if (std::memcmp(magic, kTokMagic, 8) != 0) throw bad("missing the TITANTOK header");
+  if (std::memcmp(magic, kTokV2Magic, 8) != 0) throw bad("missing the TITANTOK header");
   const auto version = head.get<uint32_t>(), width = head.get<uint32_t>();
   const auto docs = head.get<uint64_t>(), ntok = head.get<uint64_t>(), vocab = head.get<uint64_t>();
-  if (version == kTokVersion) throw bad("it is already version 2; use it as it is");
+  if (version == kTokV2Version) throw bad("it is already version 2; use it as it is");
   if (version != 1) throw bad("version " + std::to_string(version));
   if (width != 2 && width != 4) throw bad("token width " + std::to_string(width));
   if (docs > size || ntok > size || 40 + 8 * (docs + 1) + width * ntok != size)

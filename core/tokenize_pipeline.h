@@ -44,7 +44,7 @@ struct TokenizeResult {
   int64_t docs = 0, tokens = 0;
   uint64_t input_bytes = 0;
   double seconds = 0;
-  int threads = 0;  // encoding threads used (0: no encoding, a .tok conversion)
+  int threads = 0;                   // encoding threads used (0: no encoding, a .tok conversion)
   std::vector<std::string> outputs;  // .tok files, or the .bin of each Megatron pair
 };
 
