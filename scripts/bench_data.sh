@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Benchmark (not a test) of the data path, side by side in one run. Prints ratios.
+# Data benchmarks, printed side by side in one run. Builds first unless TITAN_SKIP_BUILD=1.
 #   tokenize: titan-train tokenize MB/s at 1 and 2 threads on the same file, and against
-#   Hugging Face `tokenizers` encode_batch of the same documents with the same threads.
-# Usage: scripts/bench_data.sh            (TOKENIZE_MB=20 sets the size of the text)
+#             Hugging Face `tokenizers` encode_batch of the same documents with the same
+#             threads (TOKENIZE_MB of JSONL, default 20).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-[ "${BENCH_SKIP_BUILD:-0}" = 1 ] || "$root/scripts/build.sh" >/dev/null
-source "${TITAN_CACHE:-$HOME/.cache/titan-train}/env.sh"
-bin="${TITAN_BUILD_DIR:-$root/build}/titan-train"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+build="${TITAN_BUILD_DIR:-$root/build}"
+[ "${TITAN_SKIP_BUILD:-0}" = 1 ] || TITAN_BUILD_DIR="$build" "$root/scripts/build.sh"
 
 # ---- tokenize ------------------------------------------------------------------------------
 # Our time is the command's own pipeline time from its summary line: reading, JSON parsing,
 # encoding and writing the shards, not process start-up or loading the tokenizer. HF's is
 # encode_batch alone, on texts already parsed into memory, so the ratio is conservative.
 bench_tokenize() {
+  source "${TITAN_CACHE:-$HOME/.cache/titan-train}/env.sh"
+  local work; work=$(mktemp -d)
+  trap "rm -rf '$work'" RETURN
   local mb=${TOKENIZE_MB:-20} jsonl="$work/tokenize.jsonl"
   # The bundled corpus as JSONL (one chapter per line), repeated with every copy numbered.
   "$TITAN_PYTHON" - "$TITAN_CORPUS" "$jsonl" "$mb" <<'PY'
@@ -36,7 +36,7 @@ PY
   declare -A ours hf
   for threads in 1 2; do
     local line
-    line=$("$bin" tokenize --tokenizer "$TITAN_TOKENIZER" --threads "$threads" \
+    line=$("$build/titan-train" tokenize --tokenizer "$TITAN_TOKENIZER" --threads "$threads" \
       --output "$work/t$threads" "$jsonl" | grep 'tokenize:')
     ours[$threads]=$(sed -E 's/.* ([0-9.]+) MB\/s, ([0-9.]+) s,.*/\2/' <<<"$line")
     hf[$threads]=$(RAYON_NUM_THREADS=$threads "$TITAN_PYTHON" \
