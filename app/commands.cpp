@@ -1,5 +1,6 @@
 #include "app/commands.h"
 #include "app/data_preview.h"
+#include "app/tokenize_command.h"
 
 #include <CLI/CLI.hpp>
 
@@ -32,23 +33,6 @@ bool parse_subcommand(CLI::App& app, int argc, char** argv, const char* name) {
     throw UserError(std::string(name) + ": " + e.what());
   }
   return true;
-}
-
-// titan-train tokenize: text or JSONL -> a pre-tokenized .tok file for training.dataset_path.
-int run_tokenize(int argc, char** argv) {
-  CLI::App app{"titan-train tokenize: pre-tokenize a text or JSONL file into a .tok file"};
-  std::string tok_path, input, output;
-  app.add_option("--tokenizer", tok_path, "tokenizer.json, or \"bytes\"")->required();
-  app.add_option("--input", input, "a .txt (blank-line separated documents) or .jsonl file")
-      ->required();
-  app.add_option("--output", output, "the .tok file to write")->required();
-  if (!parse_subcommand(app, argc, argv, "tokenize")) return 0;
-  auto tok = load_tokenizer(tok_path);
-  TokenizedDocs docs = load_documents(input, *tok);
-  write_token_file(output, docs);
-  log_info("tokenize: " + std::to_string(docs.num_docs()) + " documents, " +
-           std::to_string(docs.tokens.size()) + " tokens -> " + output);
-  return 0;
 }
 
 // The model's HF tensors (hf_tensors: its parameters, plus deepseek_v3's expert biases) from a
@@ -152,7 +136,7 @@ int run_convert_hf(int argc, char** argv) {
 
 int run_subcommand(int argc, char** argv) {
   const std::string name = argv[0];
-  if (name == "tokenize") return run_tokenize(argc, argv);
+  if (name == "tokenize") return run_tokenize_command(argc, argv);
   if (name == "convert-hf") return run_convert_hf(argc, argv);
   if (name == "data-preview") return run_data_preview(argc, argv);
   throw UserError("unknown subcommand '" + name +

@@ -182,7 +182,8 @@ std::unique_ptr<TokenShard> open_tok(const std::string& path) {
   const uint32_t version = f.load<uint32_t>(8);
   if (version == 1)
     throw bad("is .tok version 1, which is read whole into memory; allowed: version 2 — "
-              "convert it with `titan-train tokenize --input " + path + " --output NEW.tok`");
+              "convert it with `titan-train tokenize --input " + path +
+              " --output NEW.tok --tokenizer TOKENIZER.json` (the tokenizer that made it)");
   if (version != 2) throw bad("unknown .tok version " + std::to_string(version) + "; allowed: 2");
   if (size < kTokHeaderBytes)
     throw bad("truncated header (" + std::to_string(size) + " bytes; a .tok v2 header has 64)");

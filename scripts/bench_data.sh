@@ -3,6 +3,9 @@
 #   loader: tokens/s of the training loader (B = 8, seq 256 and 2048) with its prefetch thread
 #           and with direct reads on the caller's thread (DATA_BENCH_SECONDS per figure, 2 s),
 #           and the data time left to a consumer that is away 2 ms per batch (a GPU step).
+#   tokenize: titan-train tokenize MB/s at 1 and 2 threads on the same file, and against
+#             Hugging Face `tokenizers` encode_batch of the same documents with the same
+#             threads (TOKENIZE_MB of JSONL, default 20).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TITAN_BUILD_DIR:-$root/build}"
@@ -15,3 +18,47 @@ bench_loader() {
 }
 
 bench_loader
+# ---- tokenize ------------------------------------------------------------------------------
+# Our time is the command's own pipeline time from its summary line: reading, JSON parsing,
+# encoding and writing the shards, not process start-up or loading the tokenizer. HF's is
+# encode_batch alone, on texts already parsed into memory, so the ratio is conservative.
+bench_tokenize() {
+  source "${TITAN_CACHE:-$HOME/.cache/titan-train}/env.sh"
+  local work; work=$(mktemp -d)
+  trap "rm -rf '$work'" RETURN
+  local mb=${TOKENIZE_MB:-20} jsonl="$work/tokenize.jsonl"
+  # The bundled corpus as JSONL (one chapter per line), repeated with every copy numbered.
+  "$TITAN_PYTHON" - "$TITAN_CORPUS" "$jsonl" "$mb" <<'PY'
+import json, sys
+chapters = [c for c in open(sys.argv[1], encoding="utf-8").read().split("\n\n") if c.strip()]
+limit, size, copy = int(sys.argv[3]) * 10**6, 0, 0
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    while size < limit:
+        for c in chapters:
+            line = json.dumps({"text": f"Copy {copy}. {c}"}) + "\n"
+            f.write(line)
+            size += len(line.encode())
+        copy += 1
+PY
+  local bytes; bytes=$(stat -c %s "$jsonl")
+  echo "tokenize: $(( bytes / 1000000 )) MB of JSONL, tokenizer $TITAN_TOKENIZER;" \
+    "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  declare -A ours hf
+  for threads in 1 2; do
+    local line
+    line=$("$build/titan-train" tokenize --tokenizer "$TITAN_TOKENIZER" --threads "$threads" \
+      --output "$work/t$threads" "$jsonl" | grep 'tokenize:')
+    ours[$threads]=$(sed -E 's/.* ([0-9.]+) MB\/s, ([0-9.]+) s,.*/\2/' <<<"$line")
+    hf[$threads]=$(RAYON_NUM_THREADS=$threads "$TITAN_PYTHON" \
+      "$root/test/reference/tokenize_big_ref.py" hf-bench "$TITAN_TOKENIZER" "$jsonl" |
+      awk '/hf_seconds/ {print $2}')
+    cmp -s "$work/t1.tok" "$work/t$threads.tok" || { echo "outputs differ"; exit 1; }
+    awk -v b="$bytes" -v o="${ours[$threads]}" -v h="${hf[$threads]}" -v t="$threads" 'BEGIN {
+      printf "  threads %d: titan-train %.2f MB/s (%.2f s), HF tokenizers %.2f MB/s (%.2f s), ratio %.2fx\n",
+        t, b / 1e6 / o, o, b / 1e6 / h, h, h / o }'
+  done
+  awk -v a="${ours[1]}" -v b="${ours[2]}" -v c="${hf[1]}" -v d="${hf[2]}" 'BEGIN {
+    printf "  scaling 1 -> 2 threads: titan-train %.2fx, HF tokenizers %.2fx\n", a / b, c / d }'
+}
+
+bench_tokenize
