@@ -189,3 +189,15 @@ TEST_CASE("features: validation.dataset_path evaluates on its own file", "[featu
   CHECK(own.second > 0);
   CHECK(own.second % 64 == 0);  // whole windows of validation.seq_len
 }
+
+TEST_CASE("features: a tokenizer smaller than the model's vocabulary trains", "[features]") {
+  // Real models pad their vocabulary; torchtitan's test tokenizer has 2,002 tokens for the
+  // debugmodel's 2,048. The byte tokenizer (258) stands in for it here.
+  test::TempDir dir("smallvocab");
+  auto r = train("--training.steps 2 --training.local_batch_size 2 --model.tokenizer_path bytes "
+                 "--job.dump_folder " + dir.file("r"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("(vocab 258, model vocab 2048)"));
+  CHECK(metrics(dir.file("r")).size() == 2);
+}

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tokenizer.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -84,6 +85,32 @@ TEST_CASE("train: bad data and model input exits 2 naming the key or file", "[tr
   test::write_file(dir.file("empty.txt"), "");
   test::write_file(dir.file("latin1.txt"), "caf\xe9\n");
   test::write_file(dir.file("tok.json"), "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
+  // A byte-level BPE tokenizer of 3000 tokens (the 256 byte symbols, then filler tokens):
+  // larger than the debugmodel's vocabulary of 2048.
+  {
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<uint8_t>(b))] = b;
+    for (int i = 256; i < 3000; ++i) vocab["filler" + std::to_string(i)] = i;
+    nlohmann::json tok = {{"version", "1.0"},
+                          {"added_tokens", nlohmann::json::array()},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer",
+                           {{"type", "ByteLevel"},
+                            {"add_prefix_space", false},
+                            {"trim_offsets", true},
+                            {"use_regex", true}}},
+                          {"post_processor", nullptr},
+                          {"decoder", {{"type", "ByteLevel"}}},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"vocab", vocab},
+                            {"merges", nlohmann::json::array()}}}};
+    test::write_file(dir.file("big.json"), tok.dump());
+  }
   struct Case {
     std::string args;
     std::vector<std::string> expect;
@@ -93,7 +120,7 @@ TEST_CASE("train: bad data and model input exits 2 naming the key or file", "[tr
       {"--training.dataset_path " + dir.file("empty.txt"), {"empty.txt", "empty"}},
       {"--training.dataset_path " + dir.file("latin1.txt"), {"latin1.txt", "UTF-8"}},
       {"--model.tokenizer_path " + dir.file("tok.json"), {"tok.json"}},
-      {"--model.tokenizer_path bytes", {"vocabulary of 258", "2048"}},
+      {"--model.tokenizer_path " + dir.file("big.json"), {"vocabulary of 3000", "2048"}},
       {"--training.seq_len 4096", {"training.seq_len = 4096", "<= 2048"}},
       {"--model.flavor 7B", {"model.flavor", "debugmodel"}},
       {"--training.dataset c4", {"training.dataset", "kjv"}},
