@@ -113,6 +113,8 @@ WordCache& thread_cache(uint64_t instance) {
 
 std::atomic<uint64_t> next_instance{1};
 
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
 }  // namespace
 
 BpeModel::BpeModel(const json& model, const Ctx& ctx) : ctx_(&ctx) {
@@ -172,6 +174,13 @@ void BpeModel::parse_vocab(const json& vocab, const Ctx& ctx) {
   for (auto& [tok, id] : vocab_) {
     Utf8Char c = tok.empty() ? Utf8Char{0, 0, false} : utf8_char(tok, 0);
     if (c.valid && c.len == tok.size() && c.cp >= 0x80) char_id_.emplace(c.cp, id);
+  }
+  split_at_metaspace_ = simple_chars_ && !ignore_merges_ && char_id_.count(0x2581);
+  for (auto it = vocab_.begin(); split_at_metaspace_ && it != vocab_.end(); ++it) {
+    const std::string& tok = it->first;
+    for (size_t i = tok.find(kMetaspace, 1); i != std::string::npos && split_at_metaspace_;
+         i = tok.find(kMetaspace, i + 3))
+      split_at_metaspace_ = i >= 3 && tok.compare(i - 3, 3, kMetaspace) == 0;
   }
 }
 
@@ -236,6 +245,23 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
 }
 
 void BpeModel::tokenize(const Piece& p, std::vector<int32_t>& out) const {
+  if (!split_at_metaspace_ || p.mapped) {
+    tokenize_word(p, out);
+    return;
+  }
+  // Cut before every "▁" that follows another character (see split_at_metaspace_).
+  const std::string_view t = p.text;
+  size_t start = 0;
+  for (size_t i = t.find(kMetaspace, 1); i != std::string_view::npos;
+       i = t.find(kMetaspace, i + 3)) {
+    if (i >= 3 && t.compare(i - 3, 3, kMetaspace) == 0) continue;
+    tokenize_word(Piece{t.substr(start, i - start), false, false}, out);
+    start = i;
+  }
+  tokenize_word(Piece{t.substr(start), false, false}, out);
+}
+
+void BpeModel::tokenize_word(const Piece& p, std::vector<int32_t>& out) const {
   if (p.text.empty()) return;
   if (p.text.size() > WordCache::kMaxKey) {
     tokenize_uncached(p, out);

@@ -112,10 +112,18 @@ class Regex {
 
  private:
   void* code_ = nullptr;  // pcre2_code_8*
+  std::string literal_;   // the pattern of a non-empty {"String": ...}
 };
 
 template <typename F>
 void Regex::find_iter(std::string_view text, const F& on_match) const {
+  if (!literal_.empty()) {
+    // A non-empty literal has no empty matches: plain substring search gives the same list.
+    for (size_t b = text.find(literal_); b != std::string_view::npos;
+         b = text.find(literal_, b + literal_.size()))
+      on_match(b, b + literal_.size());
+    return;
+  }
   size_t last_end = 0;
   size_t last_match_end = SIZE_MAX;
   while (last_end <= text.size()) {
@@ -227,6 +235,7 @@ class BpeModel {
   void add_char(std::string_view ch, bool first, bool last, std::vector<int32_t>& syms,
                 int32_t& pending_unk) const;
   void merge_all(std::vector<int32_t>& syms) const;
+  void tokenize_word(const Piece& p, std::vector<int32_t>& out) const;
   const Merge* find_merge(int32_t a, int32_t b) const;
 
   const Ctx* ctx_;
@@ -244,6 +253,10 @@ class BpeModel {
   std::array<int32_t, 256> fallback_id_{};    // id of "<0xNN>", -1 if absent
   std::array<int32_t, 128> ascii_id_{};       // id of the one-character ASCII token
   bool simple_chars_ = true;                  // no prefix/suffix: per-char ids are fixed
+  // SentencePiece-style text reaches the model as whole sentences ("▁a▁b"). When no
+  // vocabulary token has "▁" after another character, no merge can cross the start of a
+  // "▁..." word, so each such word can be merged (and cached) on its own with the same ids.
+  bool split_at_metaspace_ = false;
   // Merges: open-addressing table keyed by (a << 32 | b).
   std::vector<uint64_t> merge_keys_;
   std::vector<Merge> merge_vals_;

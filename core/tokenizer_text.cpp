@@ -55,6 +55,7 @@ Regex::Regex(const std::string& pattern, bool literal, const Ctx& ctx, const std
   // finds the same matches.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
   code_ = code;
+  if (literal) literal_ = pattern;
 }
 
 Regex::~Regex() {
@@ -356,9 +357,10 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const Ctx& ctx,
   if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(NormForm::NFKC);
   if (type == "NFKD") return std::make_unique<UnicodeNormalizer>(NormForm::NFKD);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
-  if (type == "Replace")
-    return std::make_unique<ReplaceNormalizer>(parse_pattern(j, ctx, where),
-                                               ctx.need_string(j, "content", where));
+  if (type == "Replace") {
+    auto re = parse_pattern(j, ctx, where);
+    return std::make_unique<ReplaceNormalizer>(std::move(re), ctx.need_string(j, "content", where));
+  }
   if (type == "Prepend")
     return std::make_unique<PrependNormalizer>(ctx.need_string(j, "prepend", where));
   if (type == "Strip")
@@ -608,10 +610,10 @@ void parse_pre_tokenizer(const json& j, const Ctx& ctx, const std::string& where
   } else if (type == "Split") {
     if (!j.contains("behavior"))
       ctx.fail(where + " of type \"Split\" has no \"behavior\"");
-    stages.push_back(std::make_unique<SplitPre>(parse_pattern(j, ctx, where),
-                                                parse_behavior(j["behavior"], ctx,
-                                                               where + ".behavior"),
-                                                ctx.get_bool(j, "invert", false, where)));
+    auto re = parse_pattern(j, ctx, where);
+    SplitBehavior behavior = parse_behavior(j["behavior"], ctx, where + ".behavior");
+    stages.push_back(
+        std::make_unique<SplitPre>(std::move(re), behavior, ctx.get_bool(j, "invert", false, where)));
   } else if (type == "Metaspace") {
     std::string rep;
     get_char(j, "replacement", ctx, where, &rep);

@@ -10,11 +10,15 @@
                                       and stores merges as "a b" strings with ignore_merges true
   prefix-space IN.json OUT.json       copy of IN with the ByteLevel add_prefix_space set to true
   merges-form TOKENIZER               prints "pairs" or "strings"
+  bench TOKENIZER CORPUS              encode_batch speed on the corpus documents (threads:
+                                      RAYON_NUM_THREADS), for scripts/bench_tokenizer.sh
   make-all CORPUS BYTELEVEL.json TEXTS.json OUTDIR
                                       writes one folder per tokenizer family under OUTDIR (see
-                                      FAMILIES below) and OUTDIR/expected.json: for each family
-                                      the ids and decodes of TEXTS, the vocabulary size, BOS and
-                                      EOS as HF (or torchtitan's HuggingFaceTokenizer) gives them
+                                      families()) and OUTDIR/expected.json: for each family the
+                                      ids and decodes of TEXTS, the largest id + 1, the ids of
+                                      the usual BOS/EOS names, and for a family with a
+                                      tokenizer_config.json BOS and EOS as torchtitan's
+                                      HuggingFaceTokenizer gives them
 """
 import copy
 import importlib.util
@@ -244,7 +248,9 @@ def torchtitan_tokenizer_class():
 
 def families(corpus: str, byte_level: dict) -> dict:
     """name -> (tokenizer.json dict, tokenizer_config.json dict or None, round_trip) where
-    round_trip says that decode(encode(text)) gives text back for valid UTF-8."""
+    round_trip says that every byte string, valid UTF-8 or not, comes back from
+    decode(encode(bytes)) (our contract for byte-level and byte-fallback tokenizers without a
+    normalizer that changes text; the C++ test checks it, HF cannot take invalid UTF-8)."""
     out = {}
     bl = byte_level
     out["bytelevel"] = (bl, None, True)
@@ -332,6 +338,12 @@ def families(corpus: str, byte_level: dict) -> dict:
 
     out["sp_metaspace_first"] = (copy.deepcopy(sp), None, False)
 
+    # A token with "▁" after another character: merges may then cross word starts.
+    d = copy.deepcopy(out["llama2_legacy"][0])
+    d["model"]["vocab"]["e▁"] = len(d["model"]["vocab"])
+    d["model"]["merges"].insert(0, ["e", "▁"])
+    out["sp_merge_across_words"] = (d, None, True)
+
     d = copy.deepcopy(sp)
     d["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first",
                           "split": False}
@@ -415,10 +427,31 @@ def make_all(corpus: str, byte_level_path: str, texts_path: str, outdir: str) ->
             tok = Tokenizer.from_file(path)
             bos = eos = None
         e = encode_all(tok, texts)
-        e.update(vocab_size=tok.get_vocab_size(), round_trip=round_trip, bos=bos, eos=eos)
+        names = ["<s>", "</s>", "<bos>", "<eos>", "<|begin_of_text|>", "<|end_of_text|>"]
+        e.update(max_id_plus_one=max(tok.get_vocab(with_added_tokens=True).values()) + 1,
+                 round_trip=round_trip, bos=bos, eos=eos,
+                 ids_of={n: tok.token_to_id(n) for n in names})
         expected[name] = e
     with open(os.path.join(outdir, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f)
+
+
+def bench(tok_path: str, corpus: str) -> None:
+    """encode_batch over the corpus documents (blank-line separated), best of 3; threads as
+    RAYON_NUM_THREADS says. Prints {"mb_per_s": ..., "ids": ...}."""
+    import time
+
+    tok = Tokenizer.from_file(tok_path)
+    with open(corpus, encoding="utf-8") as f:
+        text = f.read()
+    docs = text.split("\n\n")
+    best, n_ids = float("inf"), 0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        encs = tok.encode_batch(docs, add_special_tokens=False)
+        best = min(best, time.perf_counter() - t0)
+        n_ids = sum(len(e.ids) for e in encs)
+    print(json.dumps({"mb_per_s": len(text.encode()) / 1e6 / best, "ids": n_ids}))
 
 
 def main() -> None:
@@ -434,6 +467,8 @@ def main() -> None:
             print(merges_form(json.load(f)))
     elif cmd == "make-all":
         make_all(*args)
+    elif cmd == "bench":
+        bench(*args)
     else:
         raise SystemExit(f"unknown command {cmd}")
 
