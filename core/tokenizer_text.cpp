@@ -537,9 +537,7 @@ class MetaspacePre : public PreTokenizer {
  public:
   enum class Prepend { Always, First, Never };
   MetaspacePre(std::string replacement, Prepend scheme, bool split)
-      : rep_(std::move(replacement)), scheme_(scheme), split_(split) {
-    rep_cp_ = utf8_char(rep_, 0).cp;
-  }
+      : rep_(std::move(replacement)), scheme_(scheme), split_(split) {}
   void run(Piece p, const PieceSink& next) const override {
     std::string buf, out;
     std::string_view text = materialize(p, buf);
@@ -559,15 +557,18 @@ class MetaspacePre : public PreTokenizer {
       next(q);
       return;
     }
-    std::vector<Span> spans;
-    uint32_t rep = rep_cp_;
-    char_spans(out, [rep](uint32_t cp) { return cp == rep; }, spans);
-    emit_pieces(q, out, spans, SplitBehavior::MergedWithNext, next);
+    // MergedWithNext on single-character matches: every replacement starts a new piece.
+    std::string_view t = out;
+    size_t start = 0;
+    for (size_t i = t.find(rep_, 1); i != std::string_view::npos; i = t.find(rep_, i + 1)) {
+      next(Piece{t.substr(start, i - start), p.origin && start == 0, false});
+      start = i;
+    }
+    next(Piece{t.substr(start), p.origin && start == 0, false});
   }
 
  private:
   std::string rep_;
-  uint32_t rep_cp_ = 0;
   Prepend scheme_;
   bool split_;
 };
