@@ -687,6 +687,18 @@ TEST_CASE("tokenizer: files HF loads that an older reader refused now load", "[t
   CHECK(lstrip->encode("a  <s>") == std::vector<int32_t>{'a', 258});
   auto clash = load("addedclash.json", [](json& j) { j["added_tokens"][0]["id"] = 256; });
   CHECK(clash->encode("<s>") == std::vector<int32_t>{258});
+  // An unk_token missing from the vocabulary fails only when a character needs it, as in HF.
+  auto nounk = load("nounk.json", [](json& j) {
+    j["model"]["unk_token"] = "<nope>";
+    j["pre_tokenizer"] = nullptr;
+  });
+  CHECK(nounk->encode("abab") == std::vector<int32_t>{256, 256});
+  try {
+    nounk->encode("ab ab");
+    FAIL("no UserError");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains("nounk.json") && Contains("model.unk_token \"<nope>\""));
+  }
 }
 
 TEST_CASE("tokenizer: long runs and random bytes round-trip", "[tokenizer]") {
