@@ -231,6 +231,27 @@ json minimal_tokenizer() {
   };
 }
 
+// Strings glued from pieces that stress the families' rules (added tokens of every family,
+// metaspace, combining marks, compatibility forms, special casing), with a fixed seed.
+std::vector<std::string> random_texts(size_t n) {
+  static const char* pieces[] = {
+      "a", "b", "e", "the", " ", "  ", "\n", "\t", "\r\n", "\u0301", "\u2581", "<s>", "</s>",
+      "<unk>", "<|end_of_text|>", "<|begin_of_text|>", "<|image|>", "<|pad|>", "7", "12", "3.5",
+      "LORD", "Lord", "<L>", "<R>", "<LR>", " God", "God", "Amen", "AMEN", "<SEP>", "\uFF21",
+      "\u0130", "\u00DF", "\u03A3", "\u65E5\u672C", "\uD55C", "\U0001F600",
+      "\U0001F468\u200D\U0001F469", "\u00A0", "\u3000", "\u0085", "\uFB01", "\u00BD", "'s",
+      "'S", ".", ",", "!?", "_", "-", "[INST]", "[/INST]", "<start_of_turn>", "<eos>", "<bos>",
+      "<|gap|>", "<|next|>", "\u212B", "\U0001FBF1", "x", "\u200D", "##", "</w>", "\u0120G",
+      "\\x82"};
+  const size_t k = sizeof pieces / sizeof *pieces;
+  uint32_t x = 2024;
+  auto next = [&] { return (x = x * 1664525u + 1013904223u) >> 8; };
+  std::vector<std::string> out(n);
+  for (auto& s : out)
+    for (uint32_t len = next() % 26; len > 0; --len) s += pieces[next() % k];
+  return out;
+}
+
 // The tokenizer families of tokenize_ref.py make-all, made once per test process, with HF's
 // ids and decodes of `texts` for each.
 struct Families {
@@ -250,6 +271,7 @@ const Families& families() {
     fx.texts.push_back(std::string(3'000, 'a'));
     fx.texts.push_back(std::string(3'000, ' ') + "x" + std::string(3'000, '\n') + "y  ");
     fx.texts.push_back(std::string(3'000, '7'));
+    for (auto& t : random_texts(400)) fx.texts.push_back(t);
     test::write_file(fx.dir.file("texts.json"), json(fx.texts).dump());
     auto r = test::run(ref_command(
         "make-all " + test::shell_quote(test::corpus_path()) + " " +
