@@ -52,15 +52,16 @@ const std::string& byte_level_char(uint8_t byte) {
 
 namespace {
 
-std::string read_text_file(const std::string& path, const char* what) {
+// `hint` ends the message when the file cannot be opened.
+std::string read_text_file(const std::string& path, const char* what, const char* hint) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw UserError(std::string(what) + " '" + path +
-                    "': cannot be read (it is a folder); give a tokenizer.json file or \"bytes\"");
+    throw UserError(std::string(what) + " '" + path + "': cannot be read (it is a folder)" +
+                    hint);
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw UserError(std::string(what) + " '" + path + "': cannot be read (" +
-                    std::strerror(errno) + "); give an existing tokenizer.json file or \"bytes\"");
+                    std::strerror(errno) + ")" + hint);
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad())
@@ -86,7 +87,8 @@ Json parse_json(const std::string& text, const std::string& path, const char* wh
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path == "bytes") return std::make_unique<ByteTokenizer>();
-  auto doc = parse_json<nlohmann::json>(read_text_file(path, "tokenizer file"), path,
+  const char* hint = "; give an existing tokenizer.json file or \"bytes\"";
+  auto doc = parse_json<nlohmann::json>(read_text_file(path, "tokenizer file", hint), path,
                                         "tokenizer file");
   // torchtitan's layout (hf_assets_path) keeps tokenizer_config.json beside tokenizer.json.
   std::filesystem::path config_path = std::filesystem::path(path).parent_path() /
@@ -95,7 +97,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (!std::filesystem::is_regular_file(config_path, ec))
     return tok::make_hf_tokenizer(doc, path, nullptr, "");
   auto config = parse_json<nlohmann::ordered_json>(
-      read_text_file(config_path.string(), "tokenizer config"), config_path.string(),
+      read_text_file(config_path.string(), "tokenizer config", ""), config_path.string(),
       "tokenizer config");
   return tok::make_hf_tokenizer(doc, path, &config, config_path.string());
 }

@@ -216,7 +216,7 @@ const std::array<std::string, 256>& byte_level_table();
 class BpeModel {
  public:
   BpeModel(const json& model, const Ctx& ctx);
-  // Appends the ids of one pre-token. Not thread-hostile: the word cache is per thread.
+  // Appends the ids of one pre-token. Thread-safe: the word cache is per thread.
   void tokenize(const Piece& p, std::vector<int32_t>& out) const;
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
   const std::string* id_to_token(int32_t id) const;   // null when absent
