@@ -1,5 +1,6 @@
 #include "core/fused_loss.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -16,13 +17,67 @@ at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& w, int64_t i0, in
   return at::linear(h.slice(0, i0, i1), w).to(at::kFloat);
 }
 
+// Turns softmax probabilities p (n, V) fp32 into d loss / d logits in place:
+// scale * (p - onehot(label)) with scale = g on valid rows and 0 on ignored ones.
+void probs_to_grad(at::Tensor& p, const at::Tensor& lab, const at::Tensor& valid,
+                   const at::Tensor& g) {
+  at::Tensor scale = (valid.to(at::kFloat) * g).unsqueeze(1);  // (n, 1)
+  p.mul_(scale);
+  p.scatter_add_(1, at::where(valid, lab, 0).unsqueeze(1), -scale);
+}
+
+// dh[i0:i1] = dl W (one GEMM), dw += dl^T h[i0:i1] (one GEMM, fp32 accumulator). dl: (n, V)
+// fp32, rounded to the GEMM dtype first as linear's backward would see it.
+void accumulate_grads(const at::Tensor& dl, const at::Tensor& h, const at::Tensor& w,
+                      int64_t i0, int64_t i1, at::Tensor& dh, at::Tensor& dw) {
+  at::Tensor dlc = dl.to(h.scalar_type());
+  at::Tensor hc = h.slice(0, i0, i1);
+  if (dh.defined()) {
+    at::Tensor dh_c = dh.slice(0, i0, i1);
+    at::mm_out(dh_c, dlc, w);
+  }
+  if (!dw.defined()) return;
+  if (h.scalar_type() == at::kFloat)
+    dw.addmm_(dlc.t(), hc);
+  else if (dw.is_cuda())
+    at::addmm_out(dw, dw, dlc.t(), hc, at::kFloat);  // bf16 GEMM into fp32 (CUDA only)
+  else
+    dw.add_(at::mm(dlc.t(), hc));
+}
+
+// Recomputes each chunk's logits; softmax = exp(logits - lse).
+std::pair<at::Tensor, at::Tensor> recompute_grads(const at::Tensor& h, const at::Tensor& w,
+                                                  const at::Tensor& labels, const at::Tensor& lse,
+                                                  const at::Tensor& g, int64_t chunk, bool need_h,
+                                                  bool need_w) {
+  const int64_t N = h.size(0), V = w.size(0), D = h.size(1);
+  at::Tensor dh, dw;
+  if (need_h) dh = at::empty({N, D}, h.options());
+  if (need_w) dw = at::zeros({V, D}, w.options().dtype(at::kFloat));
+  for (int64_t i0 = 0; i0 < N && (need_h || need_w); i0 += chunk) {
+    const int64_t i1 = std::min(N, i0 + chunk);
+    at::Tensor p = chunk_logits(h, w, i0, i1);
+    p.sub_(lse.slice(0, i0, i1).unsqueeze(1)).exp_();
+    at::Tensor lab = labels.slice(0, i0, i1);
+    probs_to_grad(p, lab, lab.ne(kIgnoreIndex), g);
+    accumulate_grads(p, h, w, i0, i1, dh, dw);
+  }
+  return {dh, dw};
+}
+
+// h: (N, D), w: (V, D), labels: (N) int64 -> 0-d fp32.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
-  // h: (N, D), w: (V, D), labels: (N) int64 -> 0-d fp32.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
-                            const at::Tensor& labels, int64_t chunk) {
-    const int64_t N = h.size(0);
-    at::Tensor lse = at::empty({N}, h.options().dtype(at::kFloat));
+                            const at::Tensor& labels, int64_t chunk, bool in_forward,
+                            bool need_h, bool need_w) {
+    const int64_t N = h.size(0), V = w.size(0), D = h.size(1);
+    const bool grads = in_forward && (need_h || need_w);
+    at::Tensor lse = in_forward ? at::Tensor() : at::empty({N}, h.options().dtype(at::kFloat));
     at::Tensor loss = at::zeros({}, h.options().dtype(at::kFloat));
+    at::Tensor one = at::ones({}, loss.options());
+    at::Tensor dh, dw;  // for an upstream gradient of 1
+    if (grads && need_h) dh = at::empty({N, D}, h.options());
+    if (grads && need_w) dw = at::zeros({V, D}, w.options().dtype(at::kFloat));
     for (int64_t i0 = 0; i0 < N; i0 += chunk) {
       const int64_t i1 = std::min(N, i0 + chunk);
       at::Tensor logits = chunk_logits(h, w, i0, i1);  // (n, V)
@@ -32,54 +87,47 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       // log-sum-exp in place: max, subtract, exp, sum, log, add back.
       at::Tensor m = logits.amax(1);
       logits.sub_(m.unsqueeze(1)).exp_();
-      at::Tensor l = logits.sum(1).log_().add_(m);
-      lse.slice(0, i0, i1).copy_(l);
+      at::Tensor sum = logits.sum(1);
+      at::Tensor l = at::log(sum).add_(m);
       loss.add_(at::where(valid, l - picked, 0).sum());
+      if (!in_forward) {
+        lse.slice(0, i0, i1).copy_(l);
+      } else if (grads) {
+        logits.div_(sum.unsqueeze(1));  // softmax
+        probs_to_grad(logits, lab, valid, one);
+        accumulate_grads(logits, h, w, i0, i1, dh, dw);
+      }
     }
-    ctx->save_for_backward({h, w, labels, lse});
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["in_forward"] = in_forward;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    if (in_forward)
+      ctx->save_for_backward({dh, dw});
+    else
+      ctx->save_for_backward({h, w, labels, lse});
     return loss;
   }
 
-  // d loss / d logits = g * (softmax - onehot(label)) on valid rows, 0 on ignored ones, formed
-  // per chunk from the recomputed logits and the saved lse.
   static variable_list backward(AutogradContext* ctx, variable_list go) {
-    auto s = ctx->get_saved_variables();
-    const at::Tensor &h = s[0], &w = s[1], &labels = s[2], &lse = s[3];
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const int64_t N = h.size(0), V = w.size(0), D = h.size(1);
-    const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     at::Tensor g = go[0].to(at::kFloat);
+    const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     at::Tensor dh, dw;
-    if (need_h) dh = at::empty({N, D}, h.options());
-    // dW sums over every chunk; an fp32 accumulator keeps bf16 from rounding each partial sum.
-    if (need_w) dw = at::zeros({V, D}, w.options().dtype(at::kFloat));
-    const bool low_precision = h.scalar_type() != at::kFloat;
-    for (int64_t i0 = 0; i0 < N && (need_h || need_w); i0 += chunk) {
-      const int64_t i1 = std::min(N, i0 + chunk);
-      at::Tensor dl = chunk_logits(h, w, i0, i1);  // (n, V) fp32, becomes d loss / d logits
-      at::Tensor lab = labels.slice(0, i0, i1);
-      at::Tensor valid = lab.ne(kIgnoreIndex);
-      at::Tensor scale = (valid.to(at::kFloat) * g).unsqueeze(1);  // (n, 1)
-      dl.sub_(lse.slice(0, i0, i1).unsqueeze(1)).exp_().mul_(scale);
-      dl.scatter_add_(1, at::where(valid, lab, 0).unsqueeze(1), -scale);
-      at::Tensor dlc = dl.to(h.scalar_type());  // the GEMM dtype, as linear's backward sees it
-      at::Tensor hc = h.slice(0, i0, i1);
-      if (need_h) {
-        at::Tensor dh_c = dh.slice(0, i0, i1);
-        at::mm_out(dh_c, dlc, w);
-      }
-      if (need_w) {
-        if (!low_precision)
-          dw.addmm_(dlc.t(), hc);
-        else if (dw.is_cuda())
-          at::addmm_out(dw, dw, dlc.t(), hc, at::kFloat);  // bf16 GEMM into fp32 (CUDA only)
-        else
-          dw.add_(at::mm(dlc.t(), hc));
-      }
+    if (ctx->saved_data["in_forward"].toBool()) {
+      // Scaled in place: the unit gradients serve one backward (a second one is refused).
+      TORCH_CHECK(!ctx->saved_data.count("consumed"),
+                  "fused_linear_cross_entropy: backward ran twice through a loss that formed its "
+                  "gradients in forward (LossBackward::kRecompute allows retain_graph)");
+      ctx->saved_data["consumed"] = true;
+      auto s = ctx->get_saved_variables();
+      if (need_h && s[0].defined()) dh = s[0].mul_(g);
+      if (need_w && s[1].defined()) dw = s[1].mul_(g);
+    } else {
+      auto s = ctx->get_saved_variables();
+      std::tie(dh, dw) = recompute_grads(s[0], s[1], s[2], s[3], g,
+                                         ctx->saved_data["chunk"].toInt(), need_h, need_w);
     }
-    if (need_w) dw = dw.to(w.scalar_type());
-    return {dh, dw, at::Tensor(), at::Tensor()};
+    if (dw.defined()) dw = dw.to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -91,7 +139,8 @@ int64_t default_loss_chunk_tokens(int64_t vocab) {
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& W,
-                                      const at::Tensor& labels, int64_t chunk_tokens) {
+                                      const at::Tensor& labels, int64_t chunk_tokens,
+                                      LossBackward mode) {
   const char* op = "fused_linear_cross_entropy";
   TORCH_CHECK(h.dim() == 2 || h.dim() == 3, op, ": h must be (N, D) or (B, T, D), got ",
               h.sizes());
@@ -107,7 +156,11 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& W,
   TORCH_CHECK(labels.numel() == h2.size(0), op, ": ", labels.numel(), " labels for ", h2.size(0),
               " tokens");
   const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : default_loss_chunk_tokens(W.size(0));
-  return LinearCrossEntropyFn::apply(h2, W, labels.reshape({-1}), chunk);
+  // Gradients are formed in forward only for inputs that will get one.
+  const bool grad_mode = at::GradMode::is_enabled();
+  return LinearCrossEntropyFn::apply(h2, W, labels.reshape({-1}), chunk,
+                                     mode == LossBackward::kInForward,
+                                     grad_mode && h2.requires_grad(), grad_mode && W.requires_grad());
 }
 
 }  // namespace titan

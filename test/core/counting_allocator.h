@@ -8,27 +8,38 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 namespace titan::test {
 
-// The allocator object outlives every tensor it handed out: it is never destroyed.
+// One process-wide instance (the deleter is a plain function). Each DataPtr's context is its
+// data pointer, as c10's raw_allocate (used by oneDNN's scratchpads) requires; the wrapped
+// allocation and its size are kept in a map until freed.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  static CountingCpuAllocator& instance() {
+    static auto* a = new CountingCpuAllocator(c10::GetCPUAllocator());  // never destroyed
+    return *a;
+  }
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device dev = inner.device();
-    auto* ctx = new Block{std::move(inner), n, this};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
     const int64_t now = live_ += static_cast<int64_t>(n);
     for (int64_t p = peak_.load(); now > p && !peak_.compare_exchange_weak(p, now);) {
     }
-    return {data, ctx, &Block::release, dev};
+    return {data, data, &release, dev};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, size_t count) const override {
     std::memcpy(dest, src, count);
   }
+  c10::Allocator* base() const { return base_; }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   void reset_peak() { peak_ = live_.load(); }
@@ -37,26 +48,32 @@ class CountingCpuAllocator final : public c10::Allocator {
   struct Block {
     c10::DataPtr inner;
     size_t n;
-    CountingCpuAllocator* owner;
-    static void release(void* p) {
-      auto* b = static_cast<Block*>(p);
-      b->owner->live_ -= static_cast<int64_t>(b->n);
-      delete b;
-    }
   };
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+  static void release(void* data) {
+    if (!data) return;
+    auto& a = instance();
+    c10::DataPtr inner;  // freed outside the lock
+    {
+      std::lock_guard<std::mutex> lock(a.mu_);
+      auto it = a.blocks_.find(data);
+      if (it == a.blocks_.end()) return;
+      a.live_ -= static_cast<int64_t>(it->second.n);
+      inner = std::move(it->second.inner);
+      a.blocks_.erase(it);
+    }
+  }
   c10::Allocator* base_;
+  std::mutex mu_;
+  std::unordered_map<void*, Block> blocks_;
   std::atomic<int64_t> live_{0}, peak_{0};
 };
 
 // Installs the counter for its lifetime.
 struct CountAllocations {
-  CountingCpuAllocator& counter;
-  c10::Allocator* prev;
-  CountAllocations()
-      : counter(*new CountingCpuAllocator(c10::GetCPUAllocator())), prev(c10::GetCPUAllocator()) {
-    c10::SetCPUAllocator(&counter, /*priority=*/0);
-  }
-  ~CountAllocations() { c10::SetCPUAllocator(prev, /*priority=*/0); }
+  CountingCpuAllocator& counter = CountingCpuAllocator::instance();
+  CountAllocations() { c10::SetCPUAllocator(&counter, /*priority=*/0); }
+  ~CountAllocations() { c10::SetCPUAllocator(counter.base(), /*priority=*/0); }
 };
 
 }  // namespace titan::test

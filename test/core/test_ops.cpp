@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <functional>
@@ -194,6 +195,24 @@ TEST_CASE("ops: apply_rope on views of a fused QKV output and transposed heads",
     on_view([](const at::Tensor& b) { return b.slice(3, 0, 2 * D, 2); },
             at::randn({B, T, H, 2 * D}));
   }
+}
+
+TEST_CASE("ops: rms_norm gradients are bitwise equal at 1 and 2 threads", "[ops]") {
+  // dw is summed per fixed block of rows, then over blocks: the thread count never changes it.
+  at::manual_seed(8);
+  at::Tensor x = at::randn({4, 300, 96}), w = at::randn({96}), gy = at::randn({4, 300, 96});
+  const int threads = at::get_num_threads();
+  auto grads = [&](int n) {
+    at::set_num_threads(n);
+    at::Tensor xl = x.clone().requires_grad_(), wl = w.clone().requires_grad_();
+    ops::rms_norm(xl, wl, 1e-5).backward(gy);
+    return std::make_pair(xl.grad(), wl.grad());
+  };
+  auto [dx1, dw1] = grads(1);
+  auto [dx2, dw2] = grads(2);
+  at::set_num_threads(threads);
+  CHECK(at::equal(dx1, dx2));
+  CHECK(at::equal(dw1, dw2));
 }
 
 TEST_CASE("ops: rope_cos_sin splits a complex table", "[ops]") {

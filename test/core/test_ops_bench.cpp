@@ -130,18 +130,22 @@ void bench_shape(const Shape& s, at::ScalarType dt, int iters) {
   at::Tensor h = randn({s.B * s.T, s.D}), W = (0.02 * at::randn({s.V, s.D})).to(dt);
   at::Tensor labels = at::randint(s.V, {s.B * s.T}, at::kLong);
   at::Tensor one = at::ones({}, at::kFloat);
-  Step fused_loss = fwd_bwd({h, W}, one, [&](const auto& v) {
-    return fused_linear_cross_entropy(v[0], v[1], labels);
-  });
   Step unfused_loss = fwd_bwd({h, W}, one, [&](const auto& v) {
     return at::cross_entropy_loss(at::linear(v[0], v[1]).to(at::kFloat), labels, {},
                                   at::Reduction::Sum);
   });
-  compare("linear + cross-entropy (today)", fused_loss, unfused_loss, iters);
-  std::printf("  %-34s fused %9.1f MiB  unfused %9.1f MiB  (peak CPU bytes added, chunk %lld)\n",
-              "linear + cross-entropy memory", peak_growth(fused_loss) / 1048576.0,
-              peak_growth(unfused_loss) / 1048576.0,
-              (long long)default_loss_chunk_tokens(s.V));
+  for (auto mode : {LossBackward::kInForward, LossBackward::kRecompute}) {
+    const bool in_fwd = mode == LossBackward::kInForward;
+    Step fused_loss = fwd_bwd({h, W}, one, [&, mode](const auto& v) {
+      return fused_linear_cross_entropy(v[0], v[1], labels, 0, mode);
+    });
+    compare(in_fwd ? "linear + CE, grads in fwd (today)" : "linear + CE, recompute (today)",
+            fused_loss, unfused_loss, iters);
+    std::printf("  %-34s fused %9.1f MiB  unfused %9.1f MiB  (peak CPU bytes added, chunk %lld)\n",
+                in_fwd ? "  memory, grads in fwd" : "  memory, recompute",
+                peak_growth(fused_loss) / 1048576.0, peak_growth(unfused_loss) / 1048576.0,
+                (long long)default_loss_chunk_tokens(s.V));
+  }
 }
 
 }  // namespace
