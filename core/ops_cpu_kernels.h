@@ -202,54 +202,99 @@ void rope(const RopeArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
+// SwiGLU works on registers: bf16 is widened 2 * kW elements at a time (no row buffers), as
+// its rows are long and the kernel is bound by conversions and exp, not by memory.
+using bV = at::vec::Vectorized<bf16>;
+constexpr int64_t kB = bV::size();  // == 2 * kW
+
 // silu(a) * b with silu(a) = a / (1 + exp(-a)), the form ATen's CPU silu uses.
-void swiglu_fwd(const SwigluArgs& s, int64_t r0, int64_t r1) {
-  const int64_t F = s.F;
-  RowBuf ba(buf_len(s.elem, F)), bb(buf_len(s.elem, F)), by(buf_len(s.elem, F));
-  const fV one(1.f);
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* a = load_row(row_ptr(s.a, r, s.elem), s.elem, ba.data(), F);
-    const float* b = load_row(row_ptr(s.b, r, s.elem), s.elem, bb.data(), F);
-    void* yp = at_elem(s.out0, r * F, s.elem);
-    float* y = out_row(yp, s.elem, by.data());
-    int64_t i = 0;
-    for (; i + kW <= F; i += kW) {
-      const fV av = fV::loadu(a + i);
-      (av / (one + av.neg().exp()) * fV::loadu(b + i)).store(y + i);
-    }
-    for (; i < F; ++i) y[i] = a[i] / (1.f + std::exp(-a[i])) * b[i];
-    store_row(y, yp, s.elem, F);
-  }
+fV silu_mul(const fV& a, const fV& b) {
+  return a / (fV(1.f) + a.neg().exp()) * b;
+}
+float silu_mul(float a, float b) {
+  return a / (1.f + std::exp(-a)) * b;
 }
 
 // da = g * b * sig * (1 + a * (1 - sig)),  db = g * a * sig,  sig = 1 / (1 + exp(-a)).
+void silu_mul_grad(const fV& a, const fV& b, const fV& g, fV& da, fV& db) {
+  const fV one(1.f);
+  const fV sig = one / (one + a.neg().exp());
+  da = g * b * sig * (one + a * (one - sig));
+  db = g * (a * sig);
+}
+void silu_mul_grad(float a, float b, float g, float& da, float& db) {
+  const float sig = 1.f / (1.f + std::exp(-a));
+  da = g * b * sig * (1.f + a * (1.f - sig));
+  db = g * (a * sig);
+}
+
+void swiglu_fwd(const SwigluArgs& s, int64_t r0, int64_t r1) {
+  const int64_t F = s.F;
+  for (int64_t r = r0; r < r1; ++r) {
+    const void* ap = row_ptr(s.a, r, s.elem);
+    const void* bp = row_ptr(s.b, r, s.elem);
+    void* yp = at_elem(s.out0, r * F, s.elem);
+    int64_t i = 0;
+    if (s.elem == Elem::kFloat) {
+      const auto *a = static_cast<const float*>(ap), *b = static_cast<const float*>(bp);
+      auto* y = static_cast<float*>(yp);
+      for (; i + kW <= F; i += kW) silu_mul(fV::loadu(a + i), fV::loadu(b + i)).store(y + i);
+      for (; i < F; ++i) y[i] = silu_mul(a[i], b[i]);
+    } else {
+      const auto *a = static_cast<const bf16*>(ap), *b = static_cast<const bf16*>(bp);
+      auto* y = static_cast<bf16*>(yp);
+      for (; i + kB <= F; i += kB) {
+        auto [a0, a1] = at::vec::convert_bfloat16_float(bV::loadu(a + i));
+        auto [b0, b1] = at::vec::convert_bfloat16_float(bV::loadu(b + i));
+        at::vec::convert_float_bfloat16(silu_mul(a0, b0), silu_mul(a1, b1)).store(y + i);
+      }
+      for (; i < F; ++i) y[i] = bf16(silu_mul(static_cast<float>(a[i]), static_cast<float>(b[i])));
+    }
+  }
+}
+
 void swiglu_bwd(const SwigluArgs& s, int64_t r0, int64_t r1) {
   const int64_t F = s.F;
-  RowBuf ba(buf_len(s.elem, F)), bb(buf_len(s.elem, F)), bg(buf_len(s.elem, F));
-  RowBuf bda(buf_len(s.elem, F)), bdb(buf_len(s.elem, F));
-  const fV one(1.f);
   for (int64_t r = r0; r < r1; ++r) {
-    const float* a = load_row(row_ptr(s.a, r, s.elem), s.elem, ba.data(), F);
-    const float* b = load_row(row_ptr(s.b, r, s.elem), s.elem, bb.data(), F);
-    const float* g = load_row(row_ptr(s.g, r, s.elem), s.elem, bg.data(), F);
+    const void* ap = row_ptr(s.a, r, s.elem);
+    const void* bp = row_ptr(s.b, r, s.elem);
+    const void* gp = row_ptr(s.g, r, s.elem);
     void* dap = at_elem(s.out0, r * F, s.elem);
     void* dbp = at_elem(s.out1, r * F, s.elem);
-    float* da = out_row(dap, s.elem, bda.data());
-    float* db = out_row(dbp, s.elem, bdb.data());
     int64_t i = 0;
-    for (; i + kW <= F; i += kW) {
-      const fV av = fV::loadu(a + i), gv = fV::loadu(g + i);
-      const fV sig = one / (one + av.neg().exp());
-      (gv * fV::loadu(b + i) * sig * (one + av * (one - sig))).store(da + i);
-      (gv * (av * sig)).store(db + i);
+    if (s.elem == Elem::kFloat) {
+      const auto *a = static_cast<const float*>(ap), *b = static_cast<const float*>(bp),
+                 *g = static_cast<const float*>(gp);
+      auto *da = static_cast<float*>(dap), *db = static_cast<float*>(dbp);
+      for (; i + kW <= F; i += kW) {
+        fV va, vb;
+        silu_mul_grad(fV::loadu(a + i), fV::loadu(b + i), fV::loadu(g + i), va, vb);
+        va.store(da + i);
+        vb.store(db + i);
+      }
+      for (; i < F; ++i) silu_mul_grad(a[i], b[i], g[i], da[i], db[i]);
+    } else {
+      const auto *a = static_cast<const bf16*>(ap), *b = static_cast<const bf16*>(bp),
+                 *g = static_cast<const bf16*>(gp);
+      auto *da = static_cast<bf16*>(dap), *db = static_cast<bf16*>(dbp);
+      for (; i + kB <= F; i += kB) {
+        auto [a0, a1] = at::vec::convert_bfloat16_float(bV::loadu(a + i));
+        auto [b0, b1] = at::vec::convert_bfloat16_float(bV::loadu(b + i));
+        auto [g0, g1] = at::vec::convert_bfloat16_float(bV::loadu(g + i));
+        fV da0, db0, da1, db1;
+        silu_mul_grad(a0, b0, g0, da0, db0);
+        silu_mul_grad(a1, b1, g1, da1, db1);
+        at::vec::convert_float_bfloat16(da0, da1).store(da + i);
+        at::vec::convert_float_bfloat16(db0, db1).store(db + i);
+      }
+      for (; i < F; ++i) {
+        float va, vb;
+        silu_mul_grad(static_cast<float>(a[i]), static_cast<float>(b[i]), static_cast<float>(g[i]),
+                      va, vb);
+        da[i] = bf16(va);
+        db[i] = bf16(vb);
+      }
     }
-    for (; i < F; ++i) {
-      const float sig = 1.f / (1.f + std::exp(-a[i]));
-      da[i] = g[i] * b[i] * sig * (1.f + a[i] * (1.f - sig));
-      db[i] = g[i] * (a[i] * sig);
-    }
-    store_row(da, dap, s.elem, F);
-    store_row(db, dbp, s.elem, F);
   }
 }
 
