@@ -37,8 +37,12 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::string resolve_dataset(const std::string& name, const std::string& path, const char* key) {
-  if (!path.empty()) return path;
+std::string resolve_dataset(const std::string& name, const std::vector<std::string>& paths,
+                            const char* key) {
+  if (paths.size() > 1)
+    throw UserError(std::string(key) + "_path lists " + std::to_string(paths.size()) +
+                    " datasets; blends are not supported yet; allowed: one path");
+  if (!paths.empty()) return paths[0];
   if (name == "kjv") return titan_cache_dir() + "/data/kjv.txt";
   throw UserError(std::string(key) + " = \"" + name +
                   "\" is not a bundled dataset; allowed: kjv, or give a file with the matching "
@@ -125,7 +129,7 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
         "compile.enable = true: CUDA-graph capture of the train step is not implemented "
         "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg));
-  if (cfg.job.print_args) log_info("\n" + dump_config_toml(cfg));
+  if (cfg.job.print_config) log_info("\n" + dump_config_toml(cfg));
   const bool cuda = at::hasCUDA();
 
   // ---- process group and mesh --------------------------------------------------------------
@@ -183,7 +187,8 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   TokenizedDocs docs = load_documents(data_path, *tokenizer);
   Splits splits =
       split_and_pack(docs, cfg.training.holdout_fraction, tokenizer->bos_id(), tokenizer->eos_id());
-  if (!cfg.validation.dataset_path.empty() || !cfg.validation.dataset.empty()) {
+  if (cfg.validation.enable &&
+      (!cfg.validation.dataset_path.empty() || !cfg.validation.dataset.empty())) {
     std::string vpath =
         resolve_dataset(cfg.validation.dataset, cfg.validation.dataset_path, "validation.dataset");
     splits.heldout = split_and_pack(load_documents(vpath, *tokenizer), 0.0, tokenizer->bos_id(),
