@@ -263,8 +263,8 @@ std::vector<TomlEntry> toml_entries(const toml::table& root, const std::string& 
     std::string where = source + ":" + std::to_string(sec_node.source().begin.line);
     const toml::table* tbl = sec_node.as_table();
     if (!tbl)
-      throw UserError(where + ": top-level key '" + section + "': expected a [section] table, found " +
-                      describe_toml_node(sec_node) +
+      throw UserError(where + ": top-level key '" + section +
+                      "': expected a [section] table, found " + describe_toml_node(sec_node) +
                       "; allowed: sections such as [training] (see --help)");
     check_section(section, where);
     for (auto&& [k, node] : *tbl)
@@ -301,8 +301,8 @@ void apply_toml_table(JobConfig& cfg, const toml::table& root, const std::string
 void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
   if (ac.mode != "selective") return;
   const std::string& s = ac.selective_ac_option;
-  bool ok = s == "op" || (!s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), ::isdigit) &&
-                          std::stoll(s) > 0);
+  bool ok = s == "op" || (!s.empty() && s.size() < 10 &&
+                          std::all_of(s.begin(), s.end(), ::isdigit) && std::stoll(s) > 0);
   if (!ok)
     throw UserError("activation_checkpoint.selective_ac_option = " + quote_toml(s) +
                     " is not allowed; allowed: op, or a positive integer N (recompute every Nth "
@@ -407,8 +407,8 @@ void check_option_value(const Option& opt, const OptValue& v, const std::string&
   if (!opt.later.empty()) {
     if (v == opt.default_value) return;
     throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) + " needs " +
-                    opt.later + ", which titan-train does not support yet; allowed: " +
-                    allowed_text(opt));
+                    opt.later +
+                    ", which titan-train does not support yet; allowed: " + allowed_text(opt));
   }
   auto fail = [&] {
     throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) +
@@ -418,8 +418,8 @@ void check_option_value(const Option& opt, const OptValue& v, const std::string&
     return !std::isnan(x) && !(opt.min && x < *opt.min) && !(opt.max && x > *opt.max);
   };
   auto chosen = [&](const std::string& s) {
-    return opt.choices.empty() || std::find(opt.choices.begin(), opt.choices.end(), s) !=
-                                      opt.choices.end();
+    return opt.choices.empty() ||
+           std::find(opt.choices.begin(), opt.choices.end(), s) != opt.choices.end();
   };
   switch (opt.type) {
     case OptType::Int:
@@ -453,7 +453,8 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
     return texts[0];
   };
   auto bad = [&](const char* expected, const std::string& t) {
-    return UserError(where + ": --" + opt.name() + ": expected " + expected + ", found '" + t + "'");
+    return UserError(where + ": --" + opt.name() + ": expected " + expected + ", found '" + t +
+                     "'");
   };
   OptValue v;
   switch (opt.type) {
@@ -562,17 +563,16 @@ void validate_config(const JobConfig& cfg) {
         "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 (the rest of "
         "the world) or a positive degree");
   if (p.data_parallel_shard_degree > 0 && p.data_parallel_shard_degree % p.expert_parallel_degree)
-    throw UserError("parallelism.expert_parallel_degree = " +
-                    std::to_string(p.expert_parallel_degree) + " must divide the shard degree " +
-                    std::to_string(p.data_parallel_shard_degree) +
-                    " (experts borrow ranks from data_parallel_shard_degree)");
+    throw UserError(
+        "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
+        " (experts borrow ranks from data_parallel_shard_degree)");
   const auto& t = cfg.training;
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
                     " is not a multiple of local_batch_size (" +
-                    std::to_string(t.local_batch_size) +
-                    "); allowed: -1 or a multiple of " + std::to_string(t.local_batch_size) +
-                    " x the data-parallel degree");
+                    std::to_string(t.local_batch_size) + "); allowed: -1 or a multiple of " +
+                    std::to_string(t.local_batch_size) + " x the data-parallel degree");
   validate_datasets(t);
   validate_activation_checkpoint(cfg.activation_checkpoint);
   if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
@@ -593,14 +593,14 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   if (d.dp_degree != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
-                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ") = " +
-                    std::to_string(d.dp_degree) + ", but the world size is " + world +
+                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) +
+                    ") = " + std::to_string(d.dp_degree) + ", but the world size is " + world +
                     "; allowed: a product equal to the world size");
   if (d.dp_shard % p.expert_parallel_degree != 0)
-    throw UserError("parallelism.expert_parallel_degree = " +
-                    std::to_string(p.expert_parallel_degree) + " must divide the shard degree " +
-                    std::to_string(d.dp_shard) + " of the world size " + world +
-                    " (experts borrow ranks from data_parallel_shard_degree)");
+    throw UserError(
+        "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        " must divide the shard degree " + std::to_string(d.dp_shard) + " of the world size " +
+        world + " (experts borrow ranks from data_parallel_shard_degree)");
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   if (d.global_batch % per_micro != 0)
     throw UserError("training.global_batch_size = " + std::to_string(d.global_batch) +
@@ -683,7 +683,8 @@ std::string config_table(const JobConfig& cfg) {
   for (auto& o : registry()) w = std::max(w, o.name().size());
   std::string rule(w + 40, '-');
   os << "+" << rule << "\n";
-  os << "| " << std::left << std::setw(static_cast<int>(w)) << "option" << " | value\n";
+  os << "| " << std::left << std::setw(static_cast<int>(w)) << "option"
+     << " | value\n";
   os << "+" << rule << "\n";
   for (auto& o : registry()) {
     if (!o.later.empty()) continue;

@@ -158,8 +158,8 @@ struct JobConfig {
 enum class OptType { Bool, Int, Float, String, StringList, FloatList };
 const char* opt_type_name(OptType t);
 
-using OptValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>,
-                              std::vector<double>>;
+using OptValue =
+    std::variant<bool, int64_t, double, std::string, std::vector<std::string>, std::vector<double>>;
 
 struct Option {
   std::string section;

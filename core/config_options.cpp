@@ -92,8 +92,7 @@ class SectionDefs {
 
 void job_options(std::vector<Option>& out) {
   SectionDefs<JobSection> s("job", &JobConfig::job, out);
-  s.add("config_file", &JobSection::config_file, "",
-        "TOML config file to load (same as --config)");
+  s.add("config_file", &JobSection::config_file, "", "TOML config file to load (same as --config)");
   s.add("dump_folder", &JobSection::dump_folder, "./outputs",
         "Folder for metrics, TensorBoard events and checkpoints");
   s.add("description", &JobSection::description, "default job", "Free-text description of the job");
@@ -116,7 +115,7 @@ void model_options(std::vector<Option>& out) {
         "tokenizer.json file, or \"bytes\" for the byte tokenizer; empty: the bundled "
         "tokenizer made by scripts/setup.sh");
   s.later("converters", Strings{}, "float8 / mx training (model converters)",
-          "Model converters (float8, mx): not supported yet, so the list stays empty");
+          "Model converters (float8, mx): not supported yet");
 }
 
 void optimizer_options(std::vector<Option>& out) {
@@ -149,7 +148,7 @@ void lr_scheduler_options(std::vector<Option>& out) {
       .range(0.0, 1.0)
       .alias("lr_scheduler.lr_min");
   s.later("total_steps", int64_t{-1}, "a schedule length other than training.steps",
-          "Steps the schedule spans: not supported yet; -1 (unset) means training.steps");
+          "Steps the schedule spans instead of training.steps: not supported yet (-1: unset)");
 }
 
 void training_options(std::vector<Option>& out) {
@@ -202,16 +201,16 @@ void parallelism_options(std::vector<Option>& out) {
         "Free gathered parameters after forward: default (yes), always, never")
       .choices({"default", "always", "never"});
   s.later("tensor_parallel_degree", int64_t{1}, "tensor parallelism",
-          "Tensor parallelism: not supported yet, must be 1");
+          "Tensor parallelism degree: not supported yet");
   s.later("pipeline_parallel_degree", int64_t{1}, "pipeline parallelism",
-          "Pipeline parallelism: not supported yet, must be 1");
+          "Pipeline parallelism degree: not supported yet");
   s.later("context_parallel_degree", int64_t{1}, "context parallelism",
-          "Context parallelism: not supported yet, must be 1");
+          "Context parallelism degree: not supported yet");
   s.add("expert_parallel_degree", &ParallelismSection::expert_parallel_degree, 1,
         "Expert-parallel degree, borrowed from the shard dimension (dp2ep)")
       .range(1.0, kNoMax);
   s.later("expert_tensor_parallel_degree", int64_t{1}, "expert tensor parallelism",
-          "Tensor parallelism inside the experts: not supported yet, must be 1");
+          "Tensor parallelism inside the experts: not supported yet");
 }
 
 void checkpoint_options(std::vector<Option>& out) {

@@ -22,7 +22,7 @@ struct Llama3Args {
   double rope_theta = 500000;
   // Llama-3.1 scaling, which torchtitan 0.2.2 gives every flavor, the debug model included.
   RopeScaling rope_scaling = {8.0, 1.0, 4.0, 8192};
-  int64_t max_seq_len = 131072;  // the longest sequence a run may use (torchtitan's default)
+  int64_t max_seq_len = 2048;  // the longest sequence a run may use (and the RoPE table's rows)
   bool tie_embeddings = false;
   bool depth_init = true;  // init std of output projections scales with layer depth
 };

@@ -95,8 +95,7 @@ TEST_CASE("cli: the README configuration reference matches the registry", "[cli]
   CHECK(section == config_reference_markdown());
 }
 
-TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empty value",
-          "[cli]") {
+TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empty value", "[cli]") {
   // What the dump says about one key: the text after "key = " in its [section].
   auto dumped = [](const std::string& out, const std::string& section, const std::string& key) {
     auto s = out.find("[" + section + "]\n");

@@ -121,7 +121,8 @@ TEST_CASE("config: bad TOML input names the key and the line and what is allowed
   CHECK_THAT(w[0], Contains("quantize.*"));
   CHECK_THAT(w[1], Contains("training.dataloader.*"));
   // Tables elsewhere are errors.
-  CHECK_THAT(err("[training.steps]\nx = 1\n"), Contains("training.steps: expected int, found a table"));
+  CHECK_THAT(err("[training.steps]\nx = 1\n"),
+             Contains("training.steps: expected int, found a table"));
   CHECK_THAT(err("[training.loader]\nx = 1\n"), Contains("unknown key training.loader"));
 }
 

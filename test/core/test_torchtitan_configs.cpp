@@ -184,9 +184,9 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
     return s;
   }());
   CHECK(a.warnings.size() == 5);
-  for (const char* k : {"profiling.*", "quantize.*", "metrics.enable_wandb",
-                        "parallelism.enable_async_tensor_parallel",
-                        "parallelism.pipeline_parallel_schedule"})
+  for (const char* k :
+       {"profiling.*", "quantize.*", "metrics.enable_wandb",
+        "parallelism.enable_async_tensor_parallel", "parallelism.pipeline_parallel_schedule"})
     CHECK(warned(a.warnings, k) == 1);
   CHECK(warned(a.warnings, "v022.toml:") == 5);  // each names the file and line
   const JobConfig& c = a.cfg;
@@ -227,8 +227,8 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
       {"checkpoint.initial_load_model_weights_only", "checkpoint.initial_load_model_only"}};
   for (auto& [old_name, name] : renamed) {
     INFO(old_name);
-    CHECK(warned(b.warnings, old_name + " is an older torchtitan name; the current name is " +
-                                 name) == 1);
+    CHECK(warned(b.warnings,
+                 old_name + " is an older torchtitan name; the current name is " + name) == 1);
   }
   CHECK(warned(b.warnings, "float8.*") == 1);
   CHECK(warned(b.warnings, "experimental.*") == 1);
@@ -269,8 +269,8 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
 TEST_CASE("torchtitan-configs: every key of torchtitan 0.2.2's JobConfig is known",
           "[torchtitan-configs]") {
   // The installed torchtitan's JobConfig dataclass, walked by test/reference/torchtitan_keys.py.
-  auto r = test::run(test::python() + " " + test::source_dir() +
-                     "/test/reference/torchtitan_keys.py");
+  auto r =
+      test::run(test::python() + " " + test::source_dir() + "/test/reference/torchtitan_keys.py");
   INFO(r.out.substr(0, 2000));
   REQUIRE(r.rc == 0);
   std::stringstream ss(r.out);
@@ -339,7 +339,8 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
     out.push_back("model.converters");
   for (const char* k : {"tensor_parallel_degree", "pipeline_parallel_degree",
                         "context_parallel_degree", "expert_tensor_parallel_degree"})
-    if (t["parallelism"][k].value_or<int64_t>(1) > 1) out.push_back(std::string("parallelism.") + k);
+    if (t["parallelism"][k].value_or<int64_t>(1) > 1)
+      out.push_back(std::string("parallelism.") + k);
   return out;
 }
 
