@@ -205,6 +205,10 @@ int run_training(const JobConfig& cfg, const LaunchEnv& launch) {
   if (ac.mode == "full") {
     model->set_recompute_policy([](int64_t) { return true; });
   } else if (ac.mode == "selective") {
+    if (ac.selective_ac_option == "op")  // the config accepts it; the models do not have it yet
+      throw UserError(
+          "activation_checkpoint.selective_ac_option = \"op\" is not implemented yet; allowed: "
+          "a positive integer N (every Nth block), or mode = \"full\" or \"none\"");
     const int64_t every = std::stoll(ac.selective_ac_option);
     model->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
   }
