@@ -31,11 +31,12 @@ int main(int argc, char** argv) {
     LaunchEnv launch = detect_launch_env();
     log_set_rank(launch.rank);
     for (auto& w : cli.warnings) log_warn(w);
-    validate_config(cli.cfg, launch.world_size);
-    if (cli.dump_config) {
+    validate_config(cli.cfg);
+    if (cli.dump_config) {  // no world yet: degrees are checked at launch
       std::printf("%s", dump_config_toml(cli.cfg).c_str());
       return 0;
     }
+    validate_for_world(cli.cfg, launch.world_size);
     return run_train_command(cli.cfg, launch);
   } catch (const UserError& e) {
     std::fprintf(stderr, "titan-train: error: %s\n", e.what());

@@ -1,19 +1,20 @@
+// Everything derived from the option registry (core/config_options.cpp): value checks, TOML
+// loading, the command line, validation, and the text forms (--help, --dump-config, the
+// README reference, the startup table).
 #include "core/config.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
-#include <type_traits>
 
-#include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
 #include "core/errors.h"
@@ -21,336 +22,21 @@
 namespace titan {
 namespace {
 
-template <class T>
-struct Identity {
-  using type = T;
-};
+// ---- text helpers --------------------------------------------------------------------------
 
-template <class T>
-constexpr OptType type_of() {
-  if constexpr (std::is_same_v<T, bool>) return OptType::Bool;
-  if constexpr (std::is_same_v<T, int64_t>) return OptType::Int;
-  if constexpr (std::is_same_v<T, double>) return OptType::Float;
-  if constexpr (std::is_same_v<T, std::string>) return OptType::String;
-  if constexpr (std::is_same_v<T, std::vector<std::string>>) return OptType::StringList;
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
 }
 
-// Builder for one registry entry bound to JobConfig::*sec .*field.
-struct Def {
-  Option o;
-  Def& choices(std::vector<std::string> c) {
-    o.choices = std::move(c);
-    return *this;
-  }
-  Def& range(std::optional<double> lo, std::optional<double> hi) {
-    o.min = lo;
-    o.max = hi;
-    return *this;
-  }
-  Def& alias(std::string a) {
-    o.aliases.push_back(std::move(a));
-    return *this;
-  }
-};
-
-template <class Sec, class T>
-Def def(const char* section, const char* key, Sec JobConfig::*sec, T Sec::*field,
-        typename Identity<T>::type value, const char* help) {
-  Def d;
-  d.o.section = section;
-  d.o.key = key;
-  d.o.type = type_of<T>();
-  d.o.default_value = OptValue(std::move(value));
-  d.o.help = help;
-  d.o.get = [sec, field](const JobConfig& c) { return OptValue(c.*sec.*field); };
-  d.o.set = [sec, field](JobConfig& c, const OptValue& v) { c.*sec.*field = std::get<T>(v); };
-  return d;
-}
-
-using Strings = std::vector<std::string>;
-constexpr double kNoMax = std::numeric_limits<double>::infinity();
-
-std::vector<Option> build_registry() {
-  using J = JobConfig;
-  std::vector<Def> d;
-  // [job]
-  d.push_back(def("job", "config_file", &J::job, &JobSection::config_file, "",
-                  "TOML config file to load (same as --config)"));
-  d.push_back(def("job", "dump_folder", &J::job, &JobSection::dump_folder, "./outputs",
-                  "Folder for metrics, TensorBoard events and checkpoints"));
-  d.push_back(def("job", "description", &J::job, &JobSection::description, "default job",
-                  "Free-text description of the job"));
-  d.push_back(def("job", "use_for_integration_test", &J::job, &JobSection::use_for_integration_test,
-                  false, "Marks a config as part of the integration suite (informational)"));
-  d.push_back(def("job", "print_args", &J::job, &JobSection::print_args, false,
-                  "Also print the merged config as TOML at startup"));
-  // [model]
-  d.push_back(def("model", "name", &J::model, &ModelSection::name, "llama3", "Model family")
-                  .choices({"llama3", "llama4", "deepseek_v3"}));
-  d.push_back(def("model", "flavor", &J::model, &ModelSection::flavor, "debugmodel",
-                  "Model size within the family (see docs/models.md)"));
-  d.push_back(
-      def("model", "hf_assets_path", &J::model, &ModelSection::hf_assets_path, "",
-          "Folder holding tokenizer.json (Hugging Face layout); empty: use tokenizer_path"));
-  d.push_back(def("model", "tokenizer_path", &J::model, &ModelSection::tokenizer_path, "",
-                  "tokenizer.json file, or \"bytes\" for the byte tokenizer; empty: the bundled "
-                  "tokenizer made by scripts/setup.sh"));
-  d.push_back(def("model", "converters", &J::model, &ModelSection::converters, Strings{},
-                  "Model converters (float8, mx): none are supported, so this must stay empty")
-                  .choices({}));
-  // [optimizer]
-  d.push_back(def("optimizer", "name", &J::optimizer, &OptimizerSection::name, "AdamW", "Optimizer")
-                  .choices({"AdamW"}));
-  d.push_back(
-      def("optimizer", "lr", &J::optimizer, &OptimizerSection::lr, 8e-4, "Peak learning rate")
-          .range(0.0, kNoMax));
-  d.push_back(def("optimizer", "beta1", &J::optimizer, &OptimizerSection::beta1, 0.9,
-                  "AdamW first-moment decay")
-                  .range(0.0, 1.0));
-  d.push_back(def("optimizer", "beta2", &J::optimizer, &OptimizerSection::beta2, 0.95,
-                  "AdamW second-moment decay")
-                  .range(0.0, 1.0));
-  d.push_back(def("optimizer", "eps", &J::optimizer, &OptimizerSection::eps, 1e-8, "AdamW epsilon")
-                  .range(0.0, kNoMax));
-  d.push_back(def("optimizer", "weight_decay", &J::optimizer, &OptimizerSection::weight_decay, 0.1,
-                  "Decoupled weight decay, applied to matrices only (docs/training.md)")
-                  .range(0.0, kNoMax));
-  d.push_back(def("optimizer", "implementation", &J::optimizer, &OptimizerSection::implementation,
-                  "fused", "AdamW kernel: fused (one multi-tensor kernel) or for-loop")
-                  .choices({"fused", "foreach", "for-loop"}));
-  // [lr_scheduler]
-  d.push_back(def("lr_scheduler", "warmup_steps", &J::lr_scheduler,
-                  &LRSchedulerSection::warmup_steps, 200, "Linear warmup steps")
-                  .range(0.0, kNoMax));
-  d.push_back(def("lr_scheduler", "decay_ratio", &J::lr_scheduler, &LRSchedulerSection::decay_ratio,
-                  -1.0,
-                  "Fraction of the steps spent decaying (warmup-stable-decay); negative: decay "
-                  "over every step after warmup")
-                  .range(-1.0, 1.0));
-  d.push_back(def("lr_scheduler", "decay_type", &J::lr_scheduler, &LRSchedulerSection::decay_type,
-                  "linear", "Shape of the decay")
-                  .choices({"linear", "sqrt", "cosine"}));
-  d.push_back(def("lr_scheduler", "min_lr_factor", &J::lr_scheduler,
-                  &LRSchedulerSection::min_lr_factor, 0.0,
-                  "Floor of the decay as a fraction of the peak lr")
-                  .range(0.0, 1.0)
-                  .alias("lr_scheduler.lr_min"));
-  // [training]
-  d.push_back(def("training", "dataset", &J::training, &TrainingSection::dataset, "kjv",
-                  "Dataset name; \"kjv\" is the bundled King James Bible corpus"));
-  d.push_back(def("training", "dataset_path", &J::training, &TrainingSection::dataset_path, "",
-                  "Data file or folder: .txt (blank-line separated documents), .jsonl (\"text\" "
-                  "field) or .tok (made by `titan-train tokenize`); empty: the named dataset"));
-  d.push_back(def("training", "local_batch_size", &J::training, &TrainingSection::local_batch_size,
-                  8, "Sequences per micro-batch on each rank")
-                  .range(1.0, kNoMax)
-                  .alias("training.batch_size"));
-  d.push_back(
-      def("training", "global_batch_size", &J::training, &TrainingSection::global_batch_size, -1,
-          "Sequences per optimizer step over all ranks; -1: local_batch_size x data-parallel "
-          "degree. Larger values accumulate gradients")
-          .range(-1.0, kNoMax));
-  d.push_back(def("training", "seq_len", &J::training, &TrainingSection::seq_len, 2048,
-                  "Tokens per sequence")
-                  .range(1.0, kNoMax));
-  d.push_back(def("training", "max_norm", &J::training, &TrainingSection::max_norm, 1.0,
-                  "Clip gradients to this global L2 norm; 0 disables clipping")
-                  .range(0.0, kNoMax));
-  d.push_back(def("training", "steps", &J::training, &TrainingSection::steps, 10000,
-                  "Optimizer steps to train")
-                  .range(1.0, kNoMax));
-  d.push_back(def("training", "mixed_precision_param", &J::training,
-                  &TrainingSection::mixed_precision_param, "bfloat16",
-                  "Compute dtype of parameters on CUDA (fp32 master weights are kept); CPU runs "
-                  "stay in float32")
-                  .choices({"bfloat16", "float32"}));
-  d.push_back(def("training", "mixed_precision_reduce", &J::training,
-                  &TrainingSection::mixed_precision_reduce, "float32",
-                  "Dtype of gradient reductions across ranks")
-                  .choices({"float32", "bfloat16"}));
-  d.push_back(def("training", "holdout_fraction", &J::training, &TrainingSection::holdout_fraction,
-                  0.01, "Fraction of documents held out of training for validation")
-                  .range(0.0, 0.5));
-  // [parallelism]
-  d.push_back(def("parallelism", "data_parallel_replicate_degree", &J::parallelism,
-                  &ParallelismSection::data_parallel_replicate_degree, 1,
-                  "Replicas (DDP, or HSDP with shard degree > 1)")
-                  .range(1.0, kNoMax));
-  d.push_back(def("parallelism", "data_parallel_shard_degree", &J::parallelism,
-                  &ParallelismSection::data_parallel_shard_degree, -1,
-                  "FSDP shard degree; -1: the rest of the world size")
-                  .range(-1.0, kNoMax));
-  d.push_back(def("parallelism", "fsdp_reshard_after_forward", &J::parallelism,
-                  &ParallelismSection::fsdp_reshard_after_forward, "default",
-                  "Free gathered parameters after forward: default (yes), always, never")
-                  .choices({"default", "always", "never"}));
-  d.push_back(def("parallelism", "tensor_parallel_degree", &J::parallelism,
-                  &ParallelismSection::tensor_parallel_degree, 1,
-                  "Tensor parallelism is not supported: must be 1")
-                  .range(1.0, 1.0));
-  d.push_back(def("parallelism", "pipeline_parallel_degree", &J::parallelism,
-                  &ParallelismSection::pipeline_parallel_degree, 1,
-                  "Pipeline parallelism is not supported: must be 1")
-                  .range(1.0, 1.0));
-  d.push_back(def("parallelism", "context_parallel_degree", &J::parallelism,
-                  &ParallelismSection::context_parallel_degree, 1,
-                  "Context parallelism is not supported: must be 1")
-                  .range(1.0, 1.0));
-  d.push_back(def("parallelism", "expert_parallel_degree", &J::parallelism,
-                  &ParallelismSection::expert_parallel_degree, 1,
-                  "Expert-parallel degree, borrowed from the shard dimension (dp2ep)")
-                  .range(1.0, kNoMax));
-  // [checkpoint]
-  d.push_back(def("checkpoint", "enable", &J::checkpoint, &CheckpointSection::enable, false,
-                  "Save checkpoints and resume from the latest one")
-                  .alias("checkpoint.enable_checkpoint"));
-  d.push_back(def("checkpoint", "folder", &J::checkpoint, &CheckpointSection::folder, "checkpoint",
-                  "Checkpoint folder under job.dump_folder"));
-  d.push_back(def("checkpoint", "interval", &J::checkpoint, &CheckpointSection::interval, 500,
-                  "Save every this many steps")
-                  .range(1.0, kNoMax));
-  d.push_back(def("checkpoint", "last_save_model_only", &J::checkpoint,
-                  &CheckpointSection::last_save_model_only, false,
-                  "Final save holds the model only (then it cannot be resumed from)"));
-  d.push_back(def("checkpoint", "export_dtype", &J::checkpoint, &CheckpointSection::export_dtype,
-                  "float32", "Dtype of model-only and Hugging Face exports")
-                  .choices({"float32", "bfloat16", "float16"}));
-  d.push_back(def("checkpoint", "async_mode", &J::checkpoint, &CheckpointSection::async_mode,
-                  "disabled", "disabled, or async: copy to CPU and write in a background thread")
-                  .choices({"disabled", "async", "async_with_pinned_mem"}));
-  d.push_back(def("checkpoint", "keep_latest_k", &J::checkpoint, &CheckpointSection::keep_latest_k,
-                  10, "Keep only the newest k checkpoints; 0 keeps all")
-                  .range(0.0, kNoMax));
-  d.push_back(def("checkpoint", "load_step", &J::checkpoint, &CheckpointSection::load_step, -1,
-                  "Resume from this step; -1: the latest complete checkpoint")
-                  .range(-1.0, kNoMax));
-  d.push_back(def("checkpoint", "initial_load_path", &J::checkpoint,
-                  &CheckpointSection::initial_load_path, "",
-                  "Checkpoint to initialise from when dump_folder has none"));
-  d.push_back(def("checkpoint", "initial_load_model_only", &J::checkpoint,
-                  &CheckpointSection::initial_load_model_only, true,
-                  "Load only the model from initial_load_path"));
-  d.push_back(def("checkpoint", "initial_load_in_hf", &J::checkpoint,
-                  &CheckpointSection::initial_load_in_hf, false,
-                  "initial_load_path is a Hugging Face safetensors folder"));
-  d.push_back(def("checkpoint", "last_save_in_hf", &J::checkpoint,
-                  &CheckpointSection::last_save_in_hf, false,
-                  "Also export the final model in Hugging Face format"));
-  d.push_back(def("checkpoint", "exclude_from_loading", &J::checkpoint,
-                  &CheckpointSection::exclude_from_loading, Strings{},
-                  "Parts not to load: model, optimizer, lr_scheduler, dataloader, train_state")
-                  .choices({"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}));
-  // [activation_checkpoint]
-  d.push_back(def("activation_checkpoint", "mode", &J::activation_checkpoint,
-                  &ActivationCheckpointSection::mode, "selective",
-                  "Recompute blocks in backward: none, full (every block) or selective")
-                  .choices({"none", "full", "selective"}));
-  d.push_back(def("activation_checkpoint", "selective_ac_option", &J::activation_checkpoint,
-                  &ActivationCheckpointSection::selective_ac_option, "2",
-                  "With mode=selective: recompute every Nth block (a positive integer)"));
-  // [compile]
-  d.push_back(def("compile", "enable", &J::compile, &CompileSection::enable, false,
-                  "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true "
-                  "runs eagerly with a warning")
-                  .alias("training.compile"));
-  d.push_back(def("compile", "components", &J::compile, &CompileSection::components,
-                  Strings{"model", "loss"}, "What to capture")
-                  .choices({"model", "loss"}));
-  // [metrics]
-  d.push_back(def("metrics", "log_freq", &J::metrics, &MetricsSection::log_freq, 10,
-                  "Log every this many steps")
-                  .range(1.0, kNoMax));
-  d.push_back(def("metrics", "enable_tensorboard", &J::metrics, &MetricsSection::enable_tensorboard,
-                  false, "Write TensorBoard event files"));
-  d.push_back(def("metrics", "save_tb_folder", &J::metrics, &MetricsSection::save_tb_folder, "tb",
-                  "TensorBoard folder under job.dump_folder"));
-  d.push_back(def("metrics", "disable_color_printing", &J::metrics,
-                  &MetricsSection::disable_color_printing, false, "Plain log lines"));
-  d.push_back(def("metrics", "save_for_all_ranks", &J::metrics, &MetricsSection::save_for_all_ranks,
-                  false, "Every rank writes its own metrics files"));
-  // [debug]
-  d.push_back(def("debug", "seed", &J::debug, &DebugSection::seed, 0,
-                  "Seed for initialization and data order")
-                  .range(0.0, kNoMax)
-                  .alias("training.seed"));
-  d.push_back(def("debug", "deterministic", &J::debug, &DebugSection::deterministic, false,
-                  "Use deterministic kernels; runs with the same seed repeat exactly")
-                  .alias("training.deterministic"));
-  // [validation]
-  d.push_back(def("validation", "enable", &J::validation, &ValidationSection::enable, false,
-                  "Evaluate on the held-out split every freq steps")
-                  .alias("validation.enabled"));
-  d.push_back(def("validation", "dataset", &J::validation, &ValidationSection::dataset, "",
-                  "Validation dataset; empty: the training data's held-out split"));
-  d.push_back(def("validation", "dataset_path", &J::validation, &ValidationSection::dataset_path,
-                  "", "Validation data file; empty: the training data's held-out split"));
-  d.push_back(def("validation", "local_batch_size", &J::validation,
-                  &ValidationSection::local_batch_size, 8, "Sequences per validation batch")
-                  .range(1.0, kNoMax));
-  d.push_back(def("validation", "seq_len", &J::validation, &ValidationSection::seq_len, 2048,
-                  "Tokens per validation sequence")
-                  .range(1.0, kNoMax));
-  d.push_back(def("validation", "freq", &J::validation, &ValidationSection::freq, 10,
-                  "Validate every this many steps")
-                  .range(1.0, kNoMax));
-  d.push_back(def("validation", "steps", &J::validation, &ValidationSection::steps, -1,
-                  "Validation batches per evaluation; -1: the whole split")
-                  .range(-1.0, kNoMax));
-  // [comm]
-  d.push_back(def("comm", "init_timeout_seconds", &J::comm, &CommSection::init_timeout_seconds, 300,
-                  "Collective timeout until the first step completes")
-                  .range(1.0, kNoMax));
-  d.push_back(def("comm", "train_timeout_seconds", &J::comm, &CommSection::train_timeout_seconds,
-                  100,
-                  "Collective timeout after the first step: a dead or hung rank ends every "
-                  "rank within this time")
-                  .range(1.0, kNoMax));
-  // [moe]
-  d.push_back(def("moe", "experts_backend", &J::moe, &MoESection::experts_backend, "auto",
-                  "Expert GEMMs: grouped_mm (SM90+ CUDA), loop, or auto (grouped_mm where it runs)")
-                  .choices({"auto", "grouped_mm", "loop"}));
-  d.push_back(def("moe", "load_balance_coeff", &J::moe, &MoESection::load_balance_coeff, 1e-3,
-                  "Aux-loss-free expert-bias update speed; 0 turns balancing off")
-                  .range(0.0, kNoMax));
-  d.push_back(def("moe", "seq_aux_loss_coeff", &J::moe, &MoESection::seq_aux_loss_coeff, 0.0,
-                  "Weight of DeepSeek-V3's sequence-wise auxiliary balance loss; 0 disables")
-                  .range(0.0, kNoMax));
-
-  std::vector<Option> out;
-  out.reserve(d.size());
-  for (auto& x : d) out.push_back(std::move(x.o));
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
   return out;
 }
-
-const std::vector<std::string> kIgnored = {
-    "profiling.*",
-    "float8.*",
-    "mx.*",
-    "fault_tolerance.*",
-    "experimental.*",
-    "memory_estimation.*",
-    "model.print_after_conversion",
-    "optimizer.early_step_in_backward",
-    "training.enable_cpu_offload",
-    "training.gc_freq",
-    "training.gc_debug",
-    "parallelism.enable_compiled_autograd",
-    "parallelism.disable_loss_parallel",
-    "parallelism.enable_async_tensor_parallel",
-    "parallelism.pipeline_parallel_split_points",
-    "parallelism.pipeline_parallel_layers_per_stage",
-    "parallelism.pipeline_parallel_schedule",
-    "parallelism.pipeline_parallel_schedule_csv",
-    "parallelism.pipeline_parallel_microbatch_size",
-    "parallelism.context_parallel_rotate_method",
-    "parallelism.expert_tensor_parallel_degree",
-    "checkpoint.create_seed_checkpoint",
-    "checkpoint.enable_first_step_checkpoint",
-    "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
-    "metrics.enable_wandb",
-    "comm.trace_buf_size",
-    "comm.save_traces_folder",
-};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -364,12 +50,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
 }
 
 std::string format_double(double x) {
@@ -400,6 +80,66 @@ bool parse_bool_text(const std::string& t, bool& out) {
   if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
   return false;
 }
+
+std::string allowed_text(const Option& opt) {
+  if (!opt.later.empty()) return "only " + format_option_value(opt.default_value);
+  if (!opt.choices.empty()) return "one of " + join(opt.choices, ", ");
+  std::ostringstream os;
+  auto num = [&](double x) {
+    return opt.type == OptType::Int ? std::to_string(static_cast<int64_t>(x)) : format_double(x);
+  };
+  if (opt.min && opt.max && std::isfinite(*opt.max)) {
+    if (*opt.min == *opt.max) return "only " + num(*opt.min);
+    os << num(*opt.min) << " <= value <= " << num(*opt.max);
+  } else if (opt.min) {
+    os << "value >= " << num(*opt.min);
+  }
+  std::string r = os.str();
+  if (opt.type == OptType::FloatList) return "a list of floats" + (r.empty() ? "" : ", each " + r);
+  if (opt.type == OptType::StringList) return "a list of strings";
+  return r;
+}
+
+// ---- lookup and warnings -------------------------------------------------------------------
+
+// The option called `name`, directly or by an old spelling (then `*old` is set).
+const Option* lookup(const std::string& name, bool* old) {
+  *old = false;
+  for (auto& o : registry()) {
+    if (o.name() == name) return &o;
+    for (auto& a : o.aliases)
+      if (a == name) return *old = true, &o;
+  }
+  return nullptr;
+}
+
+// Adds "<where>: <body>" unless a warning with the same body is already there, so each
+// ignored or renamed key warns once however often and wherever it appears.
+void warn_once(std::vector<std::string>& warnings, const std::string& where,
+               const std::string& body) {
+  const std::string tail = ": " + body;
+  for (auto& w : warnings)
+    if (w.size() >= tail.size() && w.compare(w.size() - tail.size(), tail.size(), tail) == 0)
+      return;
+  warnings.push_back(where + tail);
+}
+
+void warn_ignored(std::vector<std::string>& warnings, const std::string& where,
+                  const std::string& name) {
+  std::string entry = ignored_torchtitan_entry(name);
+  std::string what = entry.size() > 2 && entry.compare(entry.size() - 2, 2, ".*") == 0
+                         ? "keys " + entry
+                         : "key " + entry;
+  warn_once(warnings, where, "ignoring torchtitan " + what + " (not used by titan-train)");
+}
+
+void warn_renamed(std::vector<std::string>& warnings, const std::string& where,
+                  const std::string& old_name, const Option& opt) {
+  warn_once(warnings, where,
+            old_name + " is an older torchtitan name; the current name is " + opt.name());
+}
+
+// ---- TOML ----------------------------------------------------------------------------------
 
 std::string describe_toml_node(const toml::node& n) {
   std::ostringstream os;
@@ -435,6 +175,28 @@ std::string describe_toml_node(const toml::node& n) {
                   found);
 }
 
+std::optional<double> toml_number(const toml::node& n) {
+  if (n.is_integer()) return static_cast<double>(*n.value<int64_t>());
+  if (auto f = n.value_exact<double>()) return *f;
+  return std::nullopt;
+}
+
+// The items of a TOML array, each converted by `item`; nullopt when `n` is no array.
+template <class T, class F>
+std::optional<std::vector<T>> toml_list(const Option& opt, const toml::node& n,
+                                        const std::string& where, F item) {
+  std::vector<T> out;
+  if (auto* arr = n.as_array()) {
+    for (auto& e : *arr) {
+      std::optional<T> v = item(e);
+      if (!v) wrong_type(opt, where, "an array holding " + describe_toml_node(e));
+      out.push_back(*v);
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
 OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string& where) {
   switch (opt.type) {
     case OptType::Bool:
@@ -444,101 +206,126 @@ OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string
       if (auto i = n.value_exact<int64_t>()) return *i;
       break;
     case OptType::Float:
-      if (n.is_integer()) return static_cast<double>(*n.value<int64_t>());
-      if (auto f = n.value_exact<double>()) return *f;
+      if (auto x = toml_number(n)) return *x;
       break;
     case OptType::String:
       if (auto s = n.value_exact<std::string>()) return *s;
       // torchtitan writes selective_ac_option = '2' but users write 2.
       if (n.is_integer()) return std::to_string(*n.value<int64_t>());
       break;
-    case OptType::StringList:
-      if (auto* arr = n.as_array()) {
-        std::vector<std::string> out;
-        for (auto& e : *arr) {
-          auto s = e.value_exact<std::string>();
-          if (!s) wrong_type(opt, where, "an array holding " + describe_toml_node(e));
-          out.push_back(*s);
-        }
-        return out;
-      }
-      if (auto s = n.value_exact<std::string>()) {  // "a,b" as in torchtitan's CLI
-        std::vector<std::string> out;
-        std::stringstream ss(*s);
-        for (std::string item; std::getline(ss, item, ',');)
-          if (!item.empty()) out.push_back(item);
-        return out;
-      }
+    case OptType::StringList: {
+      if (auto s = n.value_exact<std::string>()) return split_commas(*s);
+      auto l = toml_list<std::string>(
+          opt, n, where, [](const toml::node& e) { return e.value_exact<std::string>(); });
+      if (l) return *l;
       break;
+    }
+    case OptType::FloatList: {
+      if (auto x = toml_number(n)) return std::vector<double>{*x};
+      auto l = toml_list<double>(opt, n, where, toml_number);
+      if (l) return *l;
+      break;
+    }
   }
   wrong_type(opt, where, describe_toml_node(n));
 }
 
-std::string allowed_text(const Option& opt) {
-  if (!opt.choices.empty()) return "one of " + join(opt.choices, ", ");
-  if (opt.type == OptType::StringList) return "an empty list";
-  std::ostringstream os;
-  auto num = [&](double x) {
-    return opt.type == OptType::Int ? std::to_string(static_cast<int64_t>(x)) : format_double(x);
-  };
-  if (opt.min && opt.max && std::isfinite(*opt.max)) {
-    if (*opt.min == *opt.max) return "only " + num(*opt.min);
-    os << num(*opt.min) << " <= value <= " << num(*opt.max);
-  } else if (opt.min) {
-    os << "value >= " << num(*opt.min);
+bool section_known(const std::string& section) {
+  for (auto& o : registry())
+    if (o.section == section) return true;
+  return ignored_torchtitan_entry(section + ".x") != "";
+}
+
+void check_section(const std::string& section, const std::string& where) {
+  if (section_known(section)) return;
+  std::string near;
+  size_t best = std::numeric_limits<size_t>::max();
+  for (auto& o : registry()) {
+    size_t dd = edit_distance(section, o.section);
+    if (dd < best) best = dd, near = o.section;
   }
-  return os.str();
+  throw UserError(where + ": unknown section [" + section + "]; nearest valid section: [" + near +
+                  "] (see --help)");
+}
+
+struct TomlEntry {
+  std::string name;  // "section.key"
+  const toml::node* node;
+  toml::source_position pos;
+};
+
+// Every "section.key" of the file in file order, so the first problem reported is the first
+// in the file. Tables below a section stay one entry (a key or an ignored torchtitan table).
+std::vector<TomlEntry> toml_entries(const toml::table& root, const std::string& source) {
+  std::vector<TomlEntry> out;
+  for (auto&& [sec_key, sec_node] : root) {
+    std::string section(sec_key.str());
+    std::string where = source + ":" + std::to_string(sec_node.source().begin.line);
+    const toml::table* tbl = sec_node.as_table();
+    if (!tbl)
+      throw UserError(where + ": top-level key '" + section +
+                      "': expected a [section] table, found " + describe_toml_node(sec_node) +
+                      "; allowed: sections such as [training] (see --help)");
+    check_section(section, where);
+    for (auto&& [k, node] : *tbl)
+      out.push_back({section + "." + std::string(k.str()), &node, node.source().begin});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TomlEntry& a, const TomlEntry& b) {
+    return a.pos.line != b.pos.line ? a.pos.line < b.pos.line : a.pos.column < b.pos.column;
+  });
+  return out;
 }
 
 void apply_toml_table(JobConfig& cfg, const toml::table& root, const std::string& source,
                       std::vector<std::string>& warnings) {
-  for (auto&& [sec_key, sec_node] : root) {
-    std::string section(sec_key.str());
-    auto line_of = [&](const toml::node& n) {
-      return source + ":" + std::to_string(n.source().begin.line);
-    };
-    const toml::table* tbl = sec_node.as_table();
-    if (!tbl) {
-      throw UserError(line_of(sec_node) + ": top-level key '" + section +
-                      "': expected a [section] table, found " + describe_toml_node(sec_node) +
-                      "; allowed: sections such as [training] (see --help)");
+  for (const TomlEntry& e : toml_entries(root, source)) {
+    const std::string where = source + ":" + std::to_string(e.pos.line);
+    bool old = false;
+    const Option* opt = lookup(e.name, &old);
+    if (!opt) {
+      if (!is_ignored_torchtitan_key(e.name))
+        throw UserError(where + ": unknown key " + e.name +
+                        "; nearest valid key: " + nearest_option_name(e.name));
+      warn_ignored(warnings, where, e.name);
+      continue;
     }
-    bool section_known = false;
-    for (auto& o : registry())
-      if (o.section == section) section_known = true;
-    for (auto& a : kIgnored)
-      if (a.rfind(section + ".", 0) == 0) section_known = true;
-    if (!section_known) {
-      std::string near;
-      size_t best = std::numeric_limits<size_t>::max();
-      for (auto& o : registry()) {
-        size_t dd = edit_distance(section, o.section);
-        if (dd < best) best = dd, near = o.section;
-      }
-      throw UserError(line_of(sec_node) + ": unknown section [" + section +
-                      "]; nearest valid section: [" + near + "] (see --help)");
-    }
-    for (auto&& [k, node] : *tbl) {
-      std::string full = section + "." + std::string(k.str());
-      std::string where = line_of(node);
-      const Option* opt = find_option(full);
-      if (!opt) {
-        if (is_ignored_torchtitan_key(full)) {
-          warnings.push_back(where + ": ignoring torchtitan key " + full +
-                             " (not used by titan-train)");
-          continue;
-        }
-        throw UserError(where + ": unknown key " + full +
-                        "; nearest valid key: " + nearest_option_name(full));
-      }
-      OptValue v = toml_to_value(*opt, node, where);
-      check_option_value(*opt, v, where);
-      opt->set(cfg, v);
-    }
+    if (old) warn_renamed(warnings, where, e.name, *opt);
+    OptValue v = toml_to_value(*opt, *e.node, where);
+    check_option_value(*opt, v, where);
+    opt->set(cfg, v);
   }
 }
 
+// ---- validation ----------------------------------------------------------------------------
+
+void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
+  if (ac.mode != "selective") return;
+  const std::string& s = ac.selective_ac_option;
+  bool ok = s == "op" || (!s.empty() && s.size() < 10 &&
+                          std::all_of(s.begin(), s.end(), ::isdigit) && std::stoll(s) > 0);
+  if (!ok)
+    throw UserError("activation_checkpoint.selective_ac_option = " + quote_toml(s) +
+                    " is not allowed; allowed: op, or a positive integer N (recompute every Nth "
+                    "block)");
+}
+
+void validate_datasets(const TrainingSection& t) {
+  const auto& w = t.dataset_weights;
+  if (w.empty()) return;
+  if (w.size() != t.dataset_path.size())
+    throw UserError("training.dataset_weights has " + std::to_string(w.size()) +
+                    " weights but training.dataset_path has " +
+                    std::to_string(t.dataset_path.size()) +
+                    " entries; allowed: one weight per path, or none (weights by tokens)");
+  if (std::all_of(w.begin(), w.end(), [](double x) { return x == 0; }))
+    throw UserError(
+        "training.dataset_weights are all 0; allowed: non-negative weights, at least one "
+        "positive");
+}
+
 }  // namespace
+
+// ---- public: registry queries --------------------------------------------------------------
 
 const char* opt_type_name(OptType t) {
   switch (t) {
@@ -552,36 +339,30 @@ const char* opt_type_name(OptType t) {
       return "string";
     case OptType::StringList:
       return "list[string]";
+    case OptType::FloatList:
+      return "list[float]";
   }
   return "?";
 }
 
-const std::vector<Option>& registry() {
-  static const std::vector<Option> r = build_registry();
-  return r;
+const Option* find_option(const std::string& full_name) {
+  bool old = false;
+  return lookup(full_name, &old);
 }
 
-const Option* find_option(const std::string& full_name) {
-  for (auto& o : registry()) {
-    if (o.name() == full_name) return &o;
-    for (auto& a : o.aliases)
-      if (a == full_name) return &o;
+std::string ignored_torchtitan_entry(const std::string& full_name) {
+  for (auto& k : ignored_torchtitan_keys()) {
+    if (k == full_name) return k;
+    if (k.size() > 2 && k.compare(k.size() - 2, 2, ".*") == 0) {
+      const std::string stem = k.substr(0, k.size() - 2);  // "a.b.*" covers a.b and a.b.x
+      if (full_name == stem || full_name.rfind(stem + ".", 0) == 0) return k;
+    }
   }
-  return nullptr;
+  return "";
 }
 
 bool is_ignored_torchtitan_key(const std::string& full_name) {
-  for (auto& k : kIgnored) {
-    if (k == full_name) return true;
-    if (k.size() > 2 && k.compare(k.size() - 2, 2, ".*") == 0 &&
-        full_name.rfind(k.substr(0, k.size() - 1), 0) == 0)
-      return true;
-  }
-  return false;
-}
-
-const std::vector<std::string>& ignored_torchtitan_keys() {
-  return kIgnored;
+  return !ignored_torchtitan_entry(full_name).empty();
 }
 
 std::string nearest_option_name(const std::string& name) {
@@ -600,6 +381,8 @@ JobConfig default_config() {
   return c;
 }
 
+// ---- public: values ------------------------------------------------------------------------
+
 std::string format_option_value(const OptValue& v) {
   struct V {
     std::string operator()(bool b) const { return b ? "true" : "false"; }
@@ -611,30 +394,53 @@ std::string format_option_value(const OptValue& v) {
       for (auto& s : l) q.push_back(quote_toml(s));
       return "[" + join(q, ", ") + "]";
     }
+    std::string operator()(const std::vector<double>& l) const {
+      std::vector<std::string> q;
+      for (double x : l) q.push_back(format_double(x));
+      return "[" + join(q, ", ") + "]";
+    }
   };
   return std::visit(V{}, v);
 }
 
 void check_option_value(const Option& opt, const OptValue& v, const std::string& where) {
-  auto fail = [&](const std::string& found) {
-    throw UserError(where + ": " + opt.name() + " = " + found +
+  if (!opt.later.empty()) {
+    if (v == opt.default_value) return;
+    throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) + " needs " +
+                    opt.later +
+                    ", which titan-train does not support yet; allowed: " + allowed_text(opt));
+  }
+  auto fail = [&] {
+    throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) +
                     " is not allowed; allowed: " + allowed_text(opt));
   };
-  if (opt.type == OptType::Int || opt.type == OptType::Float) {
-    double x =
-        opt.type == OptType::Int ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
-    if (std::isnan(x) || (opt.min && x < *opt.min) || (opt.max && x > *opt.max))
-      fail(format_option_value(v));
-  }
-  if (opt.type == OptType::String && !opt.choices.empty()) {
-    auto& s = std::get<std::string>(v);
-    if (std::find(opt.choices.begin(), opt.choices.end(), s) == opt.choices.end())
-      fail(format_option_value(v));
-  }
-  if (opt.type == OptType::StringList) {
-    for (auto& s : std::get<std::vector<std::string>>(v))
-      if (std::find(opt.choices.begin(), opt.choices.end(), s) == opt.choices.end())
-        fail(format_option_value(v));
+  auto in_range = [&](double x) {
+    return !std::isnan(x) && !(opt.min && x < *opt.min) && !(opt.max && x > *opt.max);
+  };
+  auto chosen = [&](const std::string& s) {
+    return opt.choices.empty() ||
+           std::find(opt.choices.begin(), opt.choices.end(), s) != opt.choices.end();
+  };
+  switch (opt.type) {
+    case OptType::Int:
+      if (!in_range(static_cast<double>(std::get<int64_t>(v)))) fail();
+      break;
+    case OptType::Float:
+      if (!in_range(std::get<double>(v))) fail();
+      break;
+    case OptType::String:
+      if (!chosen(std::get<std::string>(v))) fail();
+      break;
+    case OptType::StringList:
+      for (auto& s : std::get<std::vector<std::string>>(v))
+        if (!chosen(s)) fail();
+      break;
+    case OptType::FloatList:
+      for (double x : std::get<std::vector<double>>(v))
+        if (!in_range(x)) fail();
+      break;
+    case OptType::Bool:
+      break;
   }
 }
 
@@ -646,17 +452,17 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
                       " value, found " + std::to_string(texts.size()));
     return texts[0];
   };
+  auto bad = [&](const char* expected, const std::string& t) {
+    return UserError(where + ": --" + opt.name() + ": expected " + expected + ", found '" + t +
+                     "'");
+  };
   OptValue v;
   switch (opt.type) {
     case OptType::Bool: {
-      if (texts.empty() || (texts.size() == 1 && texts[0].empty())) {
-        v = true;  // a bare flag
-        break;
-      }
-      bool b;
-      if (!parse_bool_text(single(), b))
-        throw UserError(where + ": --" + opt.name() + ": expected bool (true/false), found '" +
-                        single() + "'");
+      bool b = true;  // a bare flag, or --key=
+      if (!texts.empty() && !(texts.size() == 1 && texts[0].empty()) &&
+          !parse_bool_text(single(), b))
+        throw bad("bool (true/false)", single());
       v = b;
       break;
     }
@@ -665,8 +471,7 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
       char* end = nullptr;
       errno = 0;
       long long x = std::strtoll(t.c_str(), &end, 10);
-      if (t.empty() || *end || errno)
-        throw UserError(where + ": --" + opt.name() + ": expected int, found '" + t + "'");
+      if (t.empty() || *end || errno) throw bad("int", t);
       v = static_cast<int64_t>(x);
       break;
     }
@@ -674,8 +479,7 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
       const std::string& t = single();
       char* end = nullptr;
       double x = std::strtod(t.c_str(), &end);
-      if (t.empty() || *end)
-        throw UserError(where + ": --" + opt.name() + ": expected float, found '" + t + "'");
+      if (t.empty() || *end) throw bad("float", t);
       v = x;
       break;
     }
@@ -684,11 +488,20 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
       break;
     case OptType::StringList: {
       std::vector<std::string> out;
-      for (auto& t : texts) {
-        std::stringstream ss(t);
-        for (std::string item; std::getline(ss, item, ',');)
-          if (!item.empty()) out.push_back(item);
-      }
+      for (auto& t : texts)
+        for (auto& item : split_commas(t)) out.push_back(item);
+      v = out;
+      break;
+    }
+    case OptType::FloatList: {
+      std::vector<double> out;
+      for (auto& t : texts)
+        for (auto& item : split_commas(t)) {
+          char* end = nullptr;
+          double x = std::strtod(item.c_str(), &end);
+          if (*end) throw bad("a comma-separated list of floats", t);
+          out.push_back(x);
+        }
       v = out;
       break;
     }
@@ -696,6 +509,8 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
   check_option_value(opt, v, where);
   return v;
 }
+
+// ---- public: TOML --------------------------------------------------------------------------
 
 void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
                        std::vector<std::string>& warnings) {
@@ -714,8 +529,7 @@ void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::s
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw UserError("config file '" + path +
-                    "': cannot be read (it is a folder); give a TOML "
-                    "file with --config FILE");
+                    "': cannot be read (it is a folder); give a TOML file with --config FILE");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw UserError("config file '" + path + "': cannot be read (" + std::strerror(errno) +
@@ -724,6 +538,8 @@ void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::s
   ss << f.rdbuf();
   apply_toml_string(cfg, ss.str(), path, warnings);
 }
+
+// ---- public: validation --------------------------------------------------------------------
 
 DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   DerivedConfig d;
@@ -740,28 +556,51 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   return d;
 }
 
-void validate_config(const JobConfig& cfg, int64_t world_size) {
+void validate_config(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   if (p.data_parallel_shard_degree == 0)
     throw UserError(
-        "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 "
-        "(the rest of the world) or a positive degree");
+        "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 (the rest of "
+        "the world) or a positive degree");
+  if (p.data_parallel_shard_degree > 0 && p.data_parallel_shard_degree % p.expert_parallel_degree)
+    throw UserError(
+        "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
+        " (experts borrow ranks from data_parallel_shard_degree)");
+  const auto& t = cfg.training;
+  if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
+    throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
+                    " is not a multiple of local_batch_size (" +
+                    std::to_string(t.local_batch_size) + "); allowed: -1 or a multiple of " +
+                    std::to_string(t.local_batch_size) + " x the data-parallel degree");
+  validate_datasets(t);
+  validate_activation_checkpoint(cfg.activation_checkpoint);
+  if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
+    throw UserError(
+        "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
+        "allowed: llama3, deepseek_v3");
+}
+
+void validate_for_world(const JobConfig& cfg, int64_t world_size) {
+  validate_config(cfg);
+  const auto& p = cfg.parallelism;
+  const std::string world = std::to_string(world_size);
   if (p.data_parallel_shard_degree == -1 && world_size % p.data_parallel_replicate_degree != 0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
-                    " does not divide the world size " + std::to_string(world_size));
+                    " does not divide the world size " + world);
   DerivedConfig d = derive_config(cfg, world_size);
   if (d.dp_degree != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
                     ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) +
-                    ") = " + std::to_string(d.dp_degree) + ", but the world size is " +
-                    std::to_string(world_size) + "; allowed: a product equal to the world size");
+                    ") = " + std::to_string(d.dp_degree) + ", but the world size is " + world +
+                    "; allowed: a product equal to the world size");
   if (d.dp_shard % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(d.dp_shard) +
-        " (experts borrow ranks from data_parallel_shard_degree)");
+        " must divide the shard degree " + std::to_string(d.dp_shard) + " of the world size " +
+        world + " (experts borrow ranks from data_parallel_shard_degree)");
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   if (d.global_batch % per_micro != 0)
     throw UserError("training.global_batch_size = " + std::to_string(d.global_batch) +
@@ -769,27 +608,17 @@ void validate_config(const JobConfig& cfg, int64_t world_size) {
                     std::to_string(cfg.training.local_batch_size) + ") x data-parallel degree (" +
                     std::to_string(d.dp_degree) + ") = " + std::to_string(per_micro) +
                     "; allowed: -1 or a multiple of " + std::to_string(per_micro));
-  const auto& ac = cfg.activation_checkpoint;
-  if (ac.mode == "selective") {
-    const std::string& s = ac.selective_ac_option;
-    bool ok = !s.empty() && std::all_of(s.begin(), s.end(), ::isdigit) && std::stoll(s) > 0;
-    if (!ok)
-      throw UserError("activation_checkpoint.selective_ac_option = " + quote_toml(s) +
-                      " is not allowed; allowed: a positive integer N (recompute every Nth "
-                      "block); per-op selective checkpointing ('op') is not supported");
-  }
-  if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
-    throw UserError(
-        "checkpoint.last_save_in_hf = true is not supported for model.name = "
-        "\"llama4\"; allowed: llama3, deepseek_v3");
 }
+
+// ---- public: text forms --------------------------------------------------------------------
 
 std::string dump_config_toml(const JobConfig& cfg) {
   std::ostringstream os;
   os << "# titan-train effective config (defaults < TOML < command line)\n";
   std::string cur;
   for (auto& o : registry()) {
-    if (o.name() == "job.config_file") continue;  // a pointer to the file, not part of it
+    // The file pointer is not part of the config; `later` keys can only hold their default.
+    if (o.name() == "job.config_file" || !o.later.empty()) continue;
     if (o.section != cur) {
       os << (cur.empty() ? "" : "\n") << "[" << o.section << "]\n";
       cur = o.section;
@@ -810,7 +639,7 @@ std::string config_help_text() {
         "                         [--dtype float32|bfloat16|float16]\n"
         "  titan-train --help | --dump-config\n\n"
         "Precedence: defaults < TOML file < command line. Booleans: --key, --key=true,\n"
-        "--key false. Lists: --key a,b or --key a b.\n\n"
+        "--key false. Lists: --key a,b or --key a b. Empty values: --key= .\n\n"
         "Options:\n";
   std::string cur;
   for (auto& o : registry()) {
@@ -821,34 +650,29 @@ std::string config_help_text() {
     os << "  --" << o.name() << " <" << opt_type_name(o.type)
        << ">  (default: " << format_option_value(o.default_value) << ")\n      " << o.help;
     std::string allowed = allowed_text(o);
-    if (!allowed.empty() && o.type != OptType::Bool && o.type != OptType::String)
-      os << "; allowed: " << allowed;
-    else if (!o.choices.empty())
-      os << "; allowed: " << allowed;
-    if (!o.aliases.empty()) os << "; also accepted as " << join(o.aliases, ", ");
+    if (!allowed.empty()) os << "; allowed: " << allowed;
+    if (!o.aliases.empty()) os << "; older name: " << join(o.aliases, ", ");
     os << "\n";
   }
-  os << "\nAccepted with a warning and ignored (torchtitan keys): " << join(kIgnored, ", ") << "\n";
+  os << "\nAccepted with a warning and ignored (torchtitan keys): "
+     << join(ignored_torchtitan_keys(), ", ") << "\n";
   return os.str();
 }
 
 std::string config_reference_markdown() {
+  auto esc = [](const std::string& s) {
+    std::string r;
+    for (char c : s) r += (c == '|') ? std::string("\\|") : std::string(1, c);
+    return r;
+  };
   std::ostringstream os;
   os << "| key | type | default | allowed | description |\n|---|---|---|---|---|\n";
   for (auto& o : registry()) {
-    std::string allowed = allowed_text(o);
-    if (o.type == OptType::Bool) allowed = "";
-    if (o.type == OptType::String && o.choices.empty()) allowed = "";
     std::string help = o.help;
-    if (!o.aliases.empty()) help += " (alias: " + join(o.aliases, ", ") + ")";
-    std::string def = format_option_value(o.default_value);
-    auto esc = [](std::string s) {
-      std::string r;
-      for (char c : s) r += (c == '|') ? std::string("\\|") : std::string(1, c);
-      return r;
-    };
-    os << "| `" << o.name() << "` | " << opt_type_name(o.type) << " | `" << esc(def) << "` | "
-       << esc(allowed) << " | " << esc(help) << " |\n";
+    if (!o.aliases.empty()) help += " (older name: " + join(o.aliases, ", ") + ")";
+    os << "| `" << o.name() << "` | " << opt_type_name(o.type) << " | `"
+       << esc(format_option_value(o.default_value)) << "` | " << esc(allowed_text(o)) << " | "
+       << esc(help) << " |\n";
   }
   return os.str();
 }
@@ -863,6 +687,7 @@ std::string config_table(const JobConfig& cfg) {
      << " | value\n";
   os << "+" << rule << "\n";
   for (auto& o : registry()) {
+    if (!o.later.empty()) continue;
     OptValue v = o.get(cfg);
     bool changed = v != o.default_value;
     os << "| " << std::left << std::setw(static_cast<int>(w)) << o.name() << " | "
@@ -880,79 +705,93 @@ uint64_t config_hash(const JobConfig& cfg) {
   return h;
 }
 
+// ---- public: command line ------------------------------------------------------------------
+
+namespace {
+
+bool is_option_arg(const char* a) {
+  return std::strncmp(a, "--", 2) == 0;
+}
+
+// The values of `--name` given without '=': the arguments after argv[*i] that the option
+// takes. A bool takes the next argument only when it is a bool word (a bare flag is true);
+// a scalar takes exactly the next one; a list takes every following non-option argument.
+std::vector<std::string> take_values(const Option& o, int argc, const char* const* argv, int* i) {
+  const std::string flag = "--" + o.name();
+  std::vector<std::string> texts;
+  bool b;
+  if (o.type == OptType::Bool) {
+    if (*i + 1 < argc && parse_bool_text(argv[*i + 1], b)) texts.push_back(argv[++*i]);
+    return texts;
+  }
+  const bool list = o.type == OptType::StringList || o.type == OptType::FloatList;
+  while (*i + 1 < argc && !is_option_arg(argv[*i + 1])) {
+    texts.push_back(argv[++*i]);
+    if (!list) break;
+  }
+  if (texts.empty()) {
+    std::string found = *i + 1 < argc ? std::string("the option ") + argv[*i + 1] : "the end";
+    throw UserError("command line: " + flag + " expects a " + opt_type_name(o.type) +
+                    " value but found " + found + "; allowed: " + flag + " VALUE, " + flag +
+                    "=VALUE, or " + flag + "= for an empty value");
+  }
+  return texts;
+}
+
+}  // namespace
+
 CliResult parse_command_line(int argc, const char* const* argv) {
   CliResult r;
   r.cfg = default_config();
-  CLI::App app{"titan-train"};
-  app.set_help_flag();  // our own --help, generated from the registry
-  app.allow_extras();
-  app.add_flag("-h,--help", r.show_help);
-  app.add_flag("--dump-config", r.dump_config);
-  std::vector<std::pair<const Option*, CLI::Option*>> bound;
-  for (auto& o : registry()) {
-    std::string names = "--" + o.name();
-    for (auto& a : o.aliases) names += ",--" + a;
-    if (o.name() == "job.config_file") names += ",--config";
-    CLI::Option* c = app.add_option(names);
-    switch (o.type) {
-      case OptType::Bool:
-        c->expected(0, 1);
-        break;
-      case OptType::StringList:
-        c->expected(1, CLI::detail::expected_max_vector_size)->allow_extra_args();
-        break;
-      default:
-        c->expected(1);
-        break;
-    }
-    c->multi_option_policy(o.type == OptType::StringList ? CLI::MultiOptionPolicy::TakeAll
-                                                         : CLI::MultiOptionPolicy::TakeLast);
-    bound.emplace_back(&o, c);
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    throw UserError(std::string("command line: ") + e.what() + " (see --help)");
-  }
-
-  // Unknown arguments: ignored torchtitan keys warn, everything else is an error.
-  auto extras = app.remaining();
-  for (size_t i = 0; i < extras.size(); ++i) {
-    std::string a = extras[i];
-    if (a.rfind("--", 0) != 0)
-      throw UserError("command line: unexpected argument '" + a +
-                      "'; allowed: --section.key=value options (see --help)");
-    std::string key =
-        a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
-    if (is_ignored_torchtitan_key(key)) {
-      r.warnings.push_back("command line: ignoring torchtitan key " + key +
-                           " (not used by titan-train)");
-      if (a.find('=') == std::string::npos && i + 1 < extras.size() &&
-          extras[i + 1].rfind("--", 0) != 0)
-        ++i;  // skip its value
+  std::vector<std::pair<const Option*, std::vector<std::string>>> given;  // in argv order
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      r.show_help = true;
       continue;
     }
-    throw UserError("command line: unknown option --" + key + "; nearest valid option: --" +
-                    nearest_option_name(key));
+    if (a == "--dump-config") {
+      r.dump_config = true;
+      continue;
+    }
+    if (!is_option_arg(argv[i]))
+      throw UserError("command line: unexpected argument '" + a +
+                      "'; allowed: --section.key=value options (see --help)");
+    const size_t eq = a.find('=');
+    std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (name == "config") name = "job.config_file";
+    bool old = false;
+    const Option* o = lookup(name, &old);
+    if (!o) {
+      if (!is_ignored_torchtitan_key(name))
+        throw UserError("command line: unknown option --" + name + "; nearest valid option: --" +
+                        nearest_option_name(name));
+      warn_ignored(r.warnings, "command line", name);
+      if (eq == std::string::npos && i + 1 < argc && !is_option_arg(argv[i + 1])) ++i;  // its value
+      continue;
+    }
+    if (old) warn_renamed(r.warnings, "command line", name, *o);
+    std::vector<std::string> texts;
+    if (eq != std::string::npos)
+      texts.push_back(a.substr(eq + 1));
+    else
+      texts = take_values(*o, argc, argv, &i);
+    given.emplace_back(o, std::move(texts));
   }
 
-  // defaults < TOML < command line
-  const CLI::Option* cfg_opt = nullptr;
-  for (auto& [o, c] : bound)
-    if (o->name() == "job.config_file") cfg_opt = c;
-  if (cfg_opt->count() > 0) {
-    std::string path = cfg_opt->results().back();
-    apply_toml_file(r.cfg, path, r.warnings);
-  } else {
-    r.cfg.job.config_file.clear();
+  // defaults < TOML < command line. A repeated option: the last wins; lists add up.
+  r.cfg.job.config_file.clear();
+  for (auto& [o, texts] : given)
+    if (o->name() == "job.config_file") r.cfg.job.config_file = texts.back();
+  if (!r.cfg.job.config_file.empty()) apply_toml_file(r.cfg, r.cfg.job.config_file, r.warnings);
+  std::map<const Option*, std::vector<std::string>> merged;
+  for (auto& [o, texts] : given) {
+    const bool list = o->type == OptType::StringList || o->type == OptType::FloatList;
+    auto& m = merged[o];
+    if (!list) m.clear();
+    m.insert(m.end(), texts.begin(), texts.end());
   }
-  for (auto& [o, c] : bound) {
-    if (c->count() == 0) continue;
-    std::vector<std::string> texts = c->results();
-    if (o->type != OptType::StringList && texts.size() > 1) texts = {texts.back()};
-    OptValue v = parse_option_text(*o, texts, "command line");
-    o->set(r.cfg, v);
-  }
+  for (auto& [o, texts] : merged) o->set(r.cfg, parse_option_text(*o, texts, "command line"));
   return r;
 }
 

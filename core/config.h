@@ -4,6 +4,9 @@
 // allowed values. TOML loading, command-line overrides, --help, --dump-config, the README
 // reference and validation are all derived from that table. The rest of the program reads
 // the typed JobConfig below and never looks options up by string.
+//
+// Names follow torchtitan v0.2.2's TOML configs; v0.1's spellings are aliases that warn
+// (docs/config.md).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,7 @@ struct JobSection {
   std::string dump_folder;
   std::string description;
   bool use_for_integration_test = false;
-  bool print_args = false;
+  bool print_config = false;
 };
 
 struct ModelSection {
@@ -50,7 +53,8 @@ struct LRSchedulerSection {
 
 struct TrainingSection {
   std::string dataset;
-  std::string dataset_path;
+  std::vector<std::string> dataset_path;  // files or folders; several form a blend
+  std::vector<double> dataset_weights;    // one per dataset_path entry; empty: by tokens
   int64_t local_batch_size = 0;
   int64_t global_batch_size = 0;
   int64_t seq_len = 0;
@@ -89,7 +93,8 @@ struct CheckpointSection {
 
 struct ActivationCheckpointSection {
   std::string mode;
-  std::string selective_ac_option;
+  std::string selective_ac_option;  // "op" or a positive integer N (every Nth block)
+  std::vector<std::string> per_op_sac_force_recompute_mm_shapes_by_fqns;
 };
 
 struct CompileSection {
@@ -113,7 +118,7 @@ struct DebugSection {
 struct ValidationSection {
   bool enable = false;
   std::string dataset;
-  std::string dataset_path;
+  std::vector<std::string> dataset_path;
   int64_t local_batch_size = 0;
   int64_t seq_len = 0;
   int64_t freq = 0;
@@ -150,10 +155,11 @@ struct JobConfig {
 
 // ---- The registry ------------------------------------------------------------------------
 
-enum class OptType { Bool, Int, Float, String, StringList };
+enum class OptType { Bool, Int, Float, String, StringList, FloatList };
 const char* opt_type_name(OptType t);
 
-using OptValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>>;
+using OptValue =
+    std::variant<bool, int64_t, double, std::string, std::vector<std::string>, std::vector<double>>;
 
 struct Option {
   std::string section;
@@ -162,8 +168,13 @@ struct Option {
   OptValue default_value;
   std::string help;
   std::vector<std::string> choices;  // strings (and list items) must be one of these
-  std::optional<double> min, max;    // numbers must lie in [min, max]
-  std::vector<std::string> aliases;  // other accepted "section.key" spellings (torchtitan's)
+  std::optional<double> min, max;    // numbers (and list items) must lie in [min, max]
+  // Older torchtitan spellings ("section.key"): accepted, with one warning naming this name.
+  std::vector<std::string> aliases;
+  // Non-empty: a torchtitan feature titan-train does not have yet ("tensor parallelism").
+  // Only the default is accepted; anything else is an error naming the feature. Such options
+  // have no JobConfig field and are left out of --dump-config and the startup table.
+  std::string later;
   std::function<OptValue(const JobConfig&)> get;
   std::function<void(JobConfig&, const OptValue&)> set;
 
@@ -174,9 +185,12 @@ struct Option {
 const std::vector<Option>& registry();
 // The option whose name or alias is `full_name`, or nullptr.
 const Option* find_option(const std::string& full_name);
-// torchtitan keys (or whole sections, as "float8.*") that are accepted with a warning.
+// torchtitan keys (or whole sections, as "float8.*") that are accepted with one warning each
+// and ignored. This list is the only place they are named.
 bool is_ignored_torchtitan_key(const std::string& full_name);
 const std::vector<std::string>& ignored_torchtitan_keys();
+// The entry of ignored_torchtitan_keys() that covers `full_name` ("quantize.*"), or "".
+std::string ignored_torchtitan_entry(const std::string& full_name);
 // The registry name closest to `name` by edit distance.
 std::string nearest_option_name(const std::string& name);
 
@@ -184,19 +198,25 @@ std::string nearest_option_name(const std::string& name);
 JobConfig default_config();
 
 // Parse a value given as text (command line) for `opt`; range and choices are checked.
+// Lists take several texts, each split at commas; an empty text is an empty list.
 // `where` names the source in error messages, e.g. "command line".
 OptValue parse_option_text(const Option& opt, const std::vector<std::string>& texts,
                            const std::string& where);
-// Check range / choices of a typed value. Throws ConfigError.
+// Check range / choices of a typed value. Throws UserError.
 void check_option_value(const Option& opt, const OptValue& v, const std::string& where);
 
-// Merge a TOML file into cfg. Unknown keys throw; ignored torchtitan keys add a warning.
+// Merge a TOML file into cfg. Unknown keys throw. Ignored torchtitan keys and old spellings
+// add a warning, once per key (or per ignored section) over everything in `warnings`.
 void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::string>& warnings);
 void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
                        std::vector<std::string>& warnings);
 
-// Cross-key consistency for a run with `world_size` ranks. Throws ConfigError.
-void validate_config(const JobConfig& cfg, int64_t world_size);
+// Cross-key consistency that holds for any world size (run for --dump-config and at
+// launch). Validation keys are checked only when validation.enable is set. Throws UserError.
+void validate_config(const JobConfig& cfg);
+// validate_config, plus the parallel degrees and batch sizes against `world_size` ranks.
+// Run at launch only: --dump-config has no world. Throws UserError.
+void validate_for_world(const JobConfig& cfg, int64_t world_size);
 
 // Derived quantities that the startup table reports.
 struct DerivedConfig {

@@ -20,8 +20,9 @@ struct Llama3Args {
   double ffn_dim_multiplier = 0;  // 0: none
   double norm_eps = 1e-5;
   double rope_theta = 500000;
-  RopeScaling rope_scaling;
-  int64_t max_seq_len = 2048;
+  // Llama-3.1 scaling, which torchtitan 0.2.2 gives every flavor, the debug model included.
+  RopeScaling rope_scaling = {8.0, 1.0, 4.0, 8192};
+  int64_t max_seq_len = 2048;  // the longest sequence a run may use (and the RoPE table's rows)
   bool tie_embeddings = false;
   bool depth_init = true;  // init std of output projections scales with layer depth
 };

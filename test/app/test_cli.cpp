@@ -94,3 +94,83 @@ TEST_CASE("cli: the README configuration reference matches the registry", "[cli]
   INFO("regenerate with scripts/update_readme_reference.sh");
   CHECK(section == config_reference_markdown());
 }
+
+TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empty value", "[cli]") {
+  // What the dump says about one key: the text after "key = " in its [section].
+  auto dumped = [](const std::string& out, const std::string& section, const std::string& key) {
+    auto s = out.find("[" + section + "]\n");
+    if (s == std::string::npos) return std::string("(no section)");
+    auto k = out.find("\n" + key + " = ", s);
+    if (k == std::string::npos) return std::string("(no key)");
+    k += key.size() + 4;
+    return out.substr(k, out.find('\n', k) - k);
+  };
+  struct Case {
+    std::string args, section, key, value;
+  };
+  std::vector<Case> ok = {
+      {"--validation.dataset= --dump-config", "validation", "dataset", "''"},
+      {"--model.flavor=8B --validation.dataset=", "validation", "dataset", "''"},
+      {"--checkpoint.enable --dump-config", "checkpoint", "enable", "true"},
+      {"--checkpoint.enable false", "checkpoint", "enable", "false"},
+      {"--checkpoint.enable=off", "checkpoint", "enable", "false"},
+      {"--lr_scheduler.decay_ratio -1", "lr_scheduler", "decay_ratio", "-1.0"},
+      {"--training.dataset_path a.txt b.tok", "training", "dataset_path", "['a.txt', 'b.tok']"},
+      {"--training.dataset_path=a.txt,b.tok", "training", "dataset_path", "['a.txt', 'b.tok']"},
+      {"--training.dataset_path a.txt --training.dataset_path=", "training", "dataset_path",
+       "['a.txt']"},
+      {"--training.dataset_path=", "training", "dataset_path", "[]"},
+      {"--training.dataset_weights 1,2.5 --training.dataset_path a b", "training",
+       "dataset_weights", "[1.0, 2.5]"},
+      {"--validation.dataset_path v.txt", "validation", "dataset_path", "['v.txt']"},
+      // An ignored torchtitan key swallows its value; an old name sets the current key.
+      {"--profiling.profile_freq 5 --training.steps 3", "training", "steps", "3"},
+      {"--job.print_args", "job", "print_config", "true"},
+      // Degrees against the world are a launch check: --dump-config has no world.
+      {"--parallelism.expert_parallel_degree 8", "parallelism", "expert_parallel_degree", "8"},
+  };
+  for (auto& c : ok) {
+    INFO(c.args);
+    auto r = titan_run(c.args + " --dump-config");
+    INFO(r.out);
+    CHECK(r.rc == 0);
+    CHECK(dumped(r.out, c.section, c.key) == c.value);
+  }
+  auto r = titan_run("--profiling.profile_freq 5 --job.print_args --dump-config");
+  CHECK_THAT(r.out, Contains("warning: command line: ignoring torchtitan keys profiling.*") &&
+                        Contains("job.print_args is an older torchtitan name; the current name "
+                                 "is job.print_config"));
+
+  struct Bad {
+    std::string args;
+    std::vector<std::string> expect;
+  };
+  std::vector<Bad> bad = {
+      {"--training.steps --dump-config",
+       {"--training.steps expects a int value but found the option --dump-config",
+        "--training.steps="}},
+      {"--model.flavor", {"--model.flavor expects a string value but found the end"}},
+      {"--training.dataset_path --dump-config", {"--training.dataset_path expects a list"}},
+      {"--checkpoint.enable maybe", {"unexpected argument 'maybe'"}},
+      {"--training.steps=", {"training.steps", "expected int, found ''"}},
+      {"--training.dataset_weights -1", {"training.dataset_weights = [-1.0]", "value >= 0.0"}},
+      {"--training.dataset_weights 1,x", {"training.dataset_weights", "list of floats"}},
+      {"--training.dataset_weights 1 --training.dataset_path a b",
+       {"dataset_weights has 1", "has 2"}},
+      {"--activation_checkpoint.selective_ac_option ops", {"selective_ac_option", "op, or"}},
+  };
+  for (auto& c : bad) {
+    INFO(c.args);
+    auto b = titan_run(c.args);
+    INFO(b.out);
+    CHECK(b.rc == 2);
+    for (auto& e : c.expect) CHECK_THAT(b.out, Contains(e));
+    CHECK(std::count(b.out.begin(), b.out.end(), '\n') == 1);
+  }
+  // At launch the degrees meet the world (here 1 rank), before anything is written.
+  test::TempDir dir("cli-world");
+  auto w = titan_run("--parallelism.expert_parallel_degree 8 --job.dump_folder " + dir.file("o"));
+  CHECK(w.rc == 2);
+  CHECK_THAT(w.out, Contains("expert_parallel_degree = 8") && Contains("world size 1"));
+  CHECK_FALSE(fs::exists(dir.file("o")));
+}

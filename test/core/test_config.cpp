@@ -107,7 +107,23 @@ TEST_CASE("config: bad TOML input names the key and the line and what is allowed
   w.clear();
   CHECK(err("[float8]\nenable_fsdp_float8_all_gather = true\n[training]\ngc_freq = 5\n").empty());
   REQUIRE(w.size() == 2);
-  CHECK_THAT(w[0], Contains("float8.enable_fsdp_float8_all_gather"));
+  CHECK_THAT(w[0], Contains("x.toml:2: ignoring torchtitan keys float8.*"));
+  CHECK_THAT(w[1], Contains("x.toml:4: ignoring torchtitan key training.gc_freq"));
+  // Once per key or ignored section, however often it appears.
+  CHECK(err("[float8]\nemulate = true\n[training]\ngc_freq = 6\n").empty());
+  CHECK(w.size() == 2);
+  // Nested torchtitan tables: one warning for the whole quantize section.
+  w.clear();
+  CHECK(err("[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n[quantize.grouped_mm.mx]\n"
+            "fqns = [\"experts\"]\n[training.dataloader]\nnum_workers = 2\n")
+            .empty());
+  REQUIRE(w.size() == 2);
+  CHECK_THAT(w[0], Contains("quantize.*"));
+  CHECK_THAT(w[1], Contains("training.dataloader.*"));
+  // Tables elsewhere are errors.
+  CHECK_THAT(err("[training.steps]\nx = 1\n"),
+             Contains("training.steps: expected int, found a table"));
+  CHECK_THAT(err("[training.loader]\nx = 1\n"), Contains("unknown key training.loader"));
 }
 
 TEST_CASE("config: inconsistent values are rejected with the numbers involved", "[config]") {
@@ -115,22 +131,57 @@ TEST_CASE("config: inconsistent values are rejected with the numbers involved", 
   JobConfig c = default_config();
   c.training.local_batch_size = 4;
   c.training.global_batch_size = 10;
-  CHECK_THROWS_WITH(validate_config(c, 1),
+  // Not a multiple of the local batch: wrong for any world, so validate_config sees it.
+  CHECK_THROWS_WITH(validate_config(c), Contains("global_batch_size = 10") && Contains("(4)"));
+  CHECK_THROWS_WITH(validate_for_world(c, 1),
                     Contains("global_batch_size = 10") && Contains("multiple of 4"));
   c.training.global_batch_size = 16;
-  CHECK_NOTHROW(validate_config(c, 1));
+  CHECK_NOTHROW(validate_for_world(c, 1));
   CHECK(derive_config(c, 1).grad_accum_steps == 4);
-  CHECK_THROWS_WITH(validate_config(c, 8), Contains("multiple of 32"));
+  CHECK_NOTHROW(validate_config(c));
+  CHECK_THROWS_WITH(validate_for_world(c, 8), Contains("multiple of 32"));
   c.training.global_batch_size = -1;
   c.parallelism.data_parallel_shard_degree = 3;
-  CHECK_THROWS_WITH(validate_config(c, 4), Contains("world size is 4"));
+  CHECK_NOTHROW(validate_config(c));
+  CHECK_THROWS_WITH(validate_for_world(c, 4), Contains("world size is 4"));
   c.parallelism.data_parallel_shard_degree = -1;
   c.parallelism.data_parallel_replicate_degree = 2;
-  CHECK_NOTHROW(validate_config(c, 4));
+  CHECK_NOTHROW(validate_for_world(c, 4));
   CHECK(derive_config(c, 4).dp_shard == 2);
+  // Expert parallelism against the world happens at launch only (--dump-config has none).
+  c.parallelism.data_parallel_replicate_degree = 1;
+  c.parallelism.expert_parallel_degree = 8;
+  CHECK_NOTHROW(validate_config(c));
+  CHECK_THROWS_WITH(validate_for_world(c, 4),
+                    Contains("expert_parallel_degree = 8") && Contains("world size 4"));
+  CHECK_NOTHROW(validate_for_world(c, 8));
+  c.parallelism.data_parallel_shard_degree = 4;  // explicit: wrong for every world
+  CHECK_THROWS_WITH(validate_config(c), Contains("expert_parallel_degree = 8"));
+  c.parallelism.data_parallel_shard_degree = -1;
+  c.parallelism.expert_parallel_degree = 1;
   c.activation_checkpoint.mode = "selective";
-  c.activation_checkpoint.selective_ac_option = "op";
-  CHECK_THROWS_WITH(validate_config(c, 4), Contains("selective_ac_option"));
+  for (const char* ok : {"op", "1", "3"}) {
+    c.activation_checkpoint.selective_ac_option = ok;
+    CHECK_NOTHROW(validate_config(c));
+  }
+  for (const char* bad : {"0", "-1", "ops", "", "2x", "99999999999999999999"}) {
+    INFO(bad);
+    c.activation_checkpoint.selective_ac_option = bad;
+    CHECK_THROWS_WITH(validate_config(c),
+                      Contains("selective_ac_option") && Contains("op, or a positive integer"));
+  }
+  c.activation_checkpoint.mode = "full";  // the option only matters for selective
+  CHECK_NOTHROW(validate_config(c));
+  // Blend weights: one per path, non-negative (the registry), not all zero.
+  c.training.dataset_path = {"a.tok", "b.tok"};
+  c.training.dataset_weights = {1.0};
+  CHECK_THROWS_WITH(validate_config(c), Contains("dataset_weights has 1") && Contains("has 2"));
+  c.training.dataset_weights = {0.0, 0.0};
+  CHECK_THROWS_WITH(validate_config(c), Contains("all 0"));
+  c.training.dataset_weights = {0.0, 2.5};
+  CHECK_NOTHROW(validate_config(c));
+  c.training.dataset_weights = {};
+  CHECK_NOTHROW(validate_config(c));
 }
 
 TEST_CASE("config: nearest valid name", "[config]") {

@@ -1,0 +1,169 @@
+// Every llama3, llama4 and deepseek_v3 flavor against torchtitan 0.2.2's own flavor tables
+// (test/reference/torchtitan_flavors.py reads them from the installed torchtitan package).
+// Each field must be equal: these are constants, so the tolerance is 0 (doubles compare
+// exactly after a JSON round trip). Known, documented differences are listed below and
+// checked to be exactly those, so a change on either side shows up here.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "core/config.h"
+#include "models/deepseek_v3.h"
+#include "models/llama3.h"
+#include "models/llama4.h"
+#include "test_util.h"
+
+using namespace titan;
+using nlohmann::json;
+
+namespace {
+
+// titan-train has only causal SDPA attention. torchtitan runs these flavors with FlexAttention
+// and a block-causal (per-document) mask; its other flex, varlen and iRoPE flavors are
+// attention variants titan-train does not have (README "Differences from torchtitan").
+const std::set<std::string> kBlockCausalInTorchtitan = {"deepseek_v3/16B", "deepseek_v3/236B",
+                                                        "deepseek_v3/671B"};
+// Flavors torchtitan 0.2.2 does not ship: Llama-3.2 1B and 3B.
+const std::set<std::string> kOnlyInTitan = {"llama3/1B", "llama3/3B"};
+// Fields that differ on purpose. torchtitan replaces max_seq_len by training.seq_len (only
+// warning when longer); titan-train's llama3 sizes its RoPE table by it and rejects longer
+// runs, so its debug model keeps a small table.
+const std::set<std::pair<std::string, std::string>> kDifferent = {
+    {"llama3/debugmodel", "max_seq_len"}};
+
+json rope(const RopeScaling& r) {
+  if (r.factor == 1.0) return {{"rope_factor", 1.0}};
+  return {{"rope_factor", r.factor},
+          {"rope_low_freq_factor", r.low_freq_factor},
+          {"rope_high_freq_factor", r.high_freq_factor},
+          {"rope_original_max_seq_len", r.original_max_seq_len}};
+}
+
+template <class A>
+json llama_common(const A& a) {
+  json j = {{"dim", a.dim},
+            {"n_layers", a.n_layers},
+            {"n_heads", a.n_heads},
+            {"n_kv_heads", a.n_kv_heads},
+            {"vocab_size", a.vocab_size},
+            {"multiple_of", a.multiple_of},
+            {"ffn_dim_multiplier", a.ffn_dim_multiplier},
+            {"norm_eps", a.norm_eps},
+            {"rope_theta", a.rope_theta},
+            {"depth_init", a.depth_init}};
+  j.update(rope(a.rope_scaling));
+  return j;
+}
+
+// load_balance_coeff is a run option here (moe.load_balance_coeff), a model arg there.
+json moe(const MoEArgs& m) {
+  return {{"num_experts", m.num_experts},
+          {"num_shared_experts", m.num_shared_experts},
+          {"top_k", m.top_k},
+          {"score_func", m.score_func == ScoreFunc::Softmax ? "softmax" : "sigmoid"},
+          {"route_norm", m.route_norm},
+          {"route_scale", m.route_scale},
+          {"gate_bias", m.gate_bias},
+          {"score_before_experts", m.score_before_experts},
+          {"num_expert_groups", m.num_expert_groups},
+          {"num_limited_groups", m.num_limited_groups},
+          {"load_balance_coeff", default_config().moe.load_balance_coeff}};
+}
+
+// llama4 and deepseek_v3 take max_seq_len from the run (build_model, like torchtitan's
+// update_from_config), so it is no flavor constant there and is not compared.
+std::map<std::string, json> titan_flavors() {
+  std::map<std::string, json> out;
+  for (auto& f : llama3_flavor_names()) {
+    Llama3Args a = llama3_flavor(f);
+    json j = llama_common(a);
+    j["tie_embeddings"] = a.tie_embeddings;
+    j["max_seq_len"] = a.max_seq_len;
+    out["llama3/" + f] = j;
+  }
+  for (auto& f : llama4_flavor_names()) {
+    Llama4Args a = llama4_flavor(f);
+    json j = llama_common(a);
+    j["interleave_moe_layer_step"] = a.interleave_moe_layer_step;
+    j["auto_scale_hidden_dim"] = a.auto_scale_hidden_dim;
+    j.update(moe(a.moe));
+    out["llama4/" + f] = j;
+  }
+  for (auto& f : deepseek_v3_flavor_names()) {
+    DeepSeekV3Args a = deepseek_v3_flavor(f);
+    json j = {{"vocab_size", a.vocab_size},
+              {"dim", a.dim},
+              {"inter_dim", a.inter_dim},
+              {"moe_inter_dim", a.moe_inter_dim},
+              {"n_layers", a.n_layers},
+              {"n_dense_layers", a.n_dense_layers},
+              {"n_heads", a.n_heads},
+              {"q_lora_rank", a.q_lora_rank},
+              {"kv_lora_rank", a.kv_lora_rank},
+              {"qk_nope_head_dim", a.qk_nope_head_dim},
+              {"qk_rope_head_dim", a.qk_rope_head_dim},
+              {"v_head_dim", a.v_head_dim},
+              {"original_seq_len", a.original_seq_len},
+              {"norm_eps", a.norm_eps},
+              {"rope_theta", a.rope_theta},
+              {"rope_factor", a.rope_factor},
+              {"beta_fast", a.beta_fast},
+              {"beta_slow", a.beta_slow},
+              {"mscale", a.mscale}};
+    j.update(moe(a.moe));
+    out["deepseek_v3/" + f] = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("flavors: every flavor equals torchtitan 0.2.2's model args", "[flavors]") {
+  auto r = test::run(test::python() + " " + test::source_dir() +
+                     "/test/reference/torchtitan_flavors.py");
+  INFO(r.out.substr(0, 2000));
+  REQUIRE(r.rc == 0);
+  const json ref = json::parse(r.out);
+  CHECK(ref["torchtitan"] == "0.2.2");
+  const auto ours = titan_flavors();
+
+  int compared = 0;
+  std::set<std::string> block_causal;
+  std::set<std::pair<std::string, std::string>> different;
+  for (auto& [name, theirs] : ref["flavors"].items()) {
+    INFO(name);
+    const bool sdpa = theirs["attn_type"] == "sdpa" && !theirs.contains("every_n_layers_nope");
+    auto it = ours.find(name);
+    if (it == ours.end()) {
+      // Only attention variants may be missing here.
+      CHECK_FALSE(sdpa);
+      continue;
+    }
+    if (!sdpa) block_causal.insert(name);
+    for (auto& [field, value] : theirs.items()) {
+      if (field == "attn_type" || field == "attn_mask_type") continue;
+      INFO(field << ": torchtitan " << value.dump() << ", titan-train "
+                 << (it->second.contains(field) ? it->second[field].dump() : "(missing)"));
+      if (kDifferent.count({name, field})) {
+        if (it->second.contains(field) && it->second[field] != value)
+          different.insert({name, field});
+        continue;
+      }
+      CHECK((it->second.contains(field) && it->second[field] == value));
+    }
+    for (auto& [field, value] : it->second.items()) {
+      INFO(field << " = " << value.dump() << " has no torchtitan counterpart");
+      CHECK(theirs.contains(field));
+    }
+    ++compared;
+  }
+  CHECK(block_causal == kBlockCausalInTorchtitan);
+  CHECK(different == kDifferent);
+  std::set<std::string> only_ours;
+  for (auto& [name, j] : ours)
+    if (!ref["flavors"].contains(name)) only_ours.insert(name);
+  CHECK(only_ours == kOnlyInTitan);
+  CHECK(compared == static_cast<int>(ours.size() - kOnlyInTitan.size()));
+}
