@@ -9,7 +9,6 @@
 #include <string>
 
 #include "app/trainer.h"
-#include "core/data.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/safetensors.h"

@@ -7,13 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/data_setup.h"
 #include "core/blend.h"
 #include "core/config.h"
 #include "core/errors.h"
 #include "core/loader.h"
-#include "models/deepseek_v3.h"
-#include "models/llama3.h"
-#include "models/llama4.h"
+#include "models/registry.h"
 
 namespace titan {
 namespace {
@@ -36,23 +35,6 @@ int64_t int_flag(const std::string& name, const std::string& text, int64_t min) 
     throw UserError("data-preview: " + name + " '" + text + "'; allowed: an integer >= " +
                     std::to_string(min));
   return v;
-}
-
-// The vocabulary of the configured model flavor, without building the model.
-int64_t model_vocab(const JobConfig& cfg) {
-  if (cfg.model.name == "llama3") return llama3_flavor(cfg.model.flavor).vocab_size;
-  if (cfg.model.name == "llama4") return llama4_flavor(cfg.model.flavor).vocab_size;
-  if (cfg.model.name == "deepseek_v3") return deepseek_v3_flavor(cfg.model.flavor).vocab_size;
-  return 0;
-}
-
-// The training sources from the config. Today training.dataset_path is one string, which
-// may hold a comma-separated list; the lead feeds the list keys here once they exist.
-std::vector<SourceSpec> training_sources(const JobConfig& cfg) {
-  if (cfg.training.dataset_path.empty())
-    throw UserError("data-preview: training.dataset_path is empty; allowed: pre-tokenized data "
-                    "(.tok v2, Megatron, llm.c; a file, folder, glob or comma-separated list)");
-  return parse_dataset_spec({cfg.training.dataset_path}, {});
 }
 
 }  // namespace
@@ -87,16 +69,25 @@ int run_data_preview(int argc, char** argv) {
   CliResult cli = parse_command_line(static_cast<int>(rest.size()), rest.data());
   const JobConfig& cfg = cli.cfg;
   for (auto& w : cli.warnings) std::fprintf(stderr, "titan-train: warning: %s\n", w.c_str());
-  validate_config(cfg, world);
+  validate_for_world(cfg, world);
   const DerivedConfig d = derive_config(cfg, world);
   if (rank >= d.dp_degree)
     throw UserError("data-preview: --rank " + std::to_string(rank) + "; allowed: 0.." +
                     std::to_string(d.dp_degree - 1) + " (the data-parallel degree is " +
                     std::to_string(d.dp_degree) + ")");
-  BlendOptions opts;
-  opts.vocab = model_vocab(cfg);
-  opts.holdout_fraction = cfg.training.holdout_fraction;
-  Blend blend(training_sources(cfg), opts);
+  // Raw text is tokenized into the cache as training would (one process: it builds).
+  std::unique_ptr<Tokenizer> tok;
+  RawTextContext raw;
+  raw.tokenizer_path = resolve_tokenizer_path(cfg.model);
+  raw.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  auto specs = dataset_specs(cfg.training.dataset, cfg.training.dataset_path,
+                             cfg.training.dataset_weights, "training");
+  for (auto& sp : specs)
+    if (is_raw_text_path(sp.path) && !tok) tok = load_tokenizer(raw.tokenizer_path);
+  raw.tokenizer = tok.get();
+  auto blend_ptr =
+      open_blend(specs, model_vocab_size(cfg), cfg.training.holdout_fraction, raw);
+  const Blend& blend = *blend_ptr;
   std::fprintf(stderr, "%s\n",
                blend.describe(cfg.training.seq_len, cfg.training.steps, d.global_batch).c_str());
   const std::string repeats =

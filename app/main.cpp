@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/memory_stats.h"
 #include "parallel/launch_env.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,8 @@ int main(int argc, char** argv) {
   // A file-size limit (or a full quota) then fails the write with EFBIG instead of killing
   // the process, so a checkpoint save can report it and keep the previous checkpoint.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Before any tensor exists: CPU runs report allocated and peak memory (core/memory_stats.h).
+  install_cpu_memory_counter();
   try {
     if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
     for (int i = 1; i < argc; ++i) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "core/cuda_info.h"
 #include "core/errors.h"
@@ -21,20 +22,6 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
-std::string resolve_dataset(const std::string& name, const std::string& path, const char* key) {
-  if (!path.empty()) return path;
-  if (name == "kjv") return titan_cache_dir() + "/data/kjv.txt";
-  throw UserError(std::string(key) + " = \"" + name +
-                  "\" is not a bundled dataset; allowed: kjv, or give a file with the matching "
-                  "dataset_path key");
-}
-
-std::string resolve_tokenizer(const ModelSection& m) {
-  if (!m.tokenizer_path.empty()) return m.tokenizer_path;
-  if (!m.hf_assets_path.empty()) return m.hf_assets_path + "/tokenizer.json";
-  return titan_cache_dir() + "/data/tokenizer.json";
 }
 
 std::string human(int64_t n) {
@@ -53,13 +40,6 @@ std::string human(int64_t n) {
 
 }  // namespace
 
-std::string titan_cache_dir() {
-  const char* e = std::getenv("TITAN_CACHE");
-  if (e && *e) return e;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/titan-train";
-}
-
 Trainer::Trainer(const JobConfig& cfg, const LaunchEnv& launch)
     : cfg_(cfg),
       launch_(launch),
@@ -75,7 +55,7 @@ int Trainer::run() {
         "compile.enable = true: CUDA-graph capture of the train step is not implemented "
         "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg_));
-  if (cfg_.job.print_args) log_info("\n" + dump_config_toml(cfg_));
+  if (cfg_.job.print_config) log_info("\n" + dump_config_toml(cfg_));
   setup_distributed();
   setup_data();
   setup_model();
@@ -119,27 +99,39 @@ void Trainer::setup_distributed() {
       pg_ ? std::function<void(at::Tensor&)>(allreduce_max) : nullptr, device_);
 }
 
+void Trainer::store_barrier(const std::string& name) {
+  if (!pg_) return;
+  // Through the store, not a collective: building a cache may take longer than any
+  // collective timeout, and the builders arrive only when done.
+  const std::string key = "barrier/" + name;
+  pg_->store_add(key, 1);
+  while (pg_->store_add(key, 0) < launch_.world_size)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 void Trainer::setup_data() {
-  tok_path_ = resolve_tokenizer(cfg_.model);
+  tok_path_ = resolve_tokenizer_path(cfg_.model);
   tokenizer_ = load_tokenizer(tok_path_);
-  data_path_ = resolve_dataset(cfg_.training.dataset, cfg_.training.dataset_path,
-                               "training.dataset");
-  TokenizedDocs docs = load_documents(data_path_, *tokenizer_);
-  num_docs_ = docs.num_docs();
-  splits_ = split_and_pack(docs, cfg_.training.holdout_fraction, tokenizer_->bos_id(),
-                           tokenizer_->eos_id());
+  const int64_t vocab = model_vocab_size(cfg_);
+  RawTextContext raw;
+  raw.tokenizer = tokenizer_.get();
+  raw.tokenizer_path = tok_path_;
+  raw.builder = launch_.local_rank == 0;
+  int64_t barriers = 0;
+  raw.barrier = [this, &barriers] { store_barrier("tokcache/" + std::to_string(barriers++)); };
+  raw.log = [](const std::string& line) { log_info("=> " + line); };
+  const auto& t = cfg_.training;
+  blend_ = open_blend(dataset_specs(t.dataset, t.dataset_path, t.dataset_weights, "training"),
+                      vocab, t.holdout_fraction, raw);
   // Validation keys are resolved only when validation runs.
   const auto& v = cfg_.validation;
-  if (v.enable && (!v.dataset_path.empty() || !v.dataset.empty())) {
-    std::string vpath = resolve_dataset(v.dataset, v.dataset_path, "validation.dataset");
-    splits_.heldout = split_and_pack(load_documents(vpath, *tokenizer_), 0.0,
-                                     tokenizer_->bos_id(), tokenizer_->eos_id())
-                          .train;
-  }
-  loader_ = std::make_unique<PackedLoader>(&splits_.train, cfg_.training.seq_len,
-                                           cfg_.training.local_batch_size, launch_.rank,
-                                           d_.dp_degree, static_cast<uint64_t>(cfg_.debug.seed),
-                                           /*shuffle=*/true);
+  if (v.enable && !v.dataset_path.empty())
+    val_blend_ = open_blend(dataset_specs(v.dataset, v.dataset_path, {}, "validation"), vocab,
+                            0.0, raw);
+  loader_ = std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, launch_.rank,
+                                     d_.dp_degree, d_.grad_accum_steps,
+                                     static_cast<uint64_t>(cfg_.debug.seed), device_,
+                                     /*prefetch_depth=*/2);
 }
 
 void Trainer::setup_model() {
@@ -170,6 +162,10 @@ void Trainer::setup_model() {
   if (ac.mode == "full") {
     model_->set_recompute_policy([](int64_t) { return true; });
   } else if (ac.mode == "selective") {
+    if (ac.selective_ac_option == "op")
+      throw UserError(
+          "activation_checkpoint.selective_ac_option = \"op\" is not implemented yet; allowed: "
+          "a positive integer N (every Nth block), or mode = \"full\" or \"none\"");
     const int64_t every = std::stoll(ac.selective_ac_option);
     model_->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
   }
@@ -245,10 +241,11 @@ void Trainer::log_plan() const {
            " FLOPs per token at seq_len " + std::to_string(cfg_.training.seq_len));
   log_info("=> tokenizer = " + tok_path_ + " (vocab " + std::to_string(tokenizer_->vocab_size()) +
            ", model vocab " + std::to_string(info.vocab_size) + ")");
-  log_info("=> data = " + data_path_ + ": " + std::to_string(num_docs_) + " documents, " +
-           human(static_cast<int64_t>(splits_.train.size())) + " training tokens, " +
-           human(static_cast<int64_t>(splits_.heldout.size())) + " held-out tokens, " +
-           std::to_string(loader_->windows_per_rank()) + " windows per rank");
+  log_info("=> data: training blend\n" +
+           blend_->describe(cfg_.training.seq_len, cfg_.training.steps, d_.global_batch));
+  const std::string repeats =
+      blend_->repeat_warning(cfg_.training.seq_len, cfg_.training.steps, d_.global_batch);
+  if (!repeats.empty()) log_warn(repeats);
   std::string layout = "single process";
   if (sharded_)
     layout = std::string(mesh_->replicate > 1 ? "HSDP" : "FSDP") + ", " + mesh_->describe() +
@@ -290,18 +287,11 @@ void Trainer::resume() {
   ckpt_ = std::make_unique<Checkpointer>(cfg_, cg, launch_.world_size);
   state_.model = model_.get();
   state_.optimizer = opt_.get();
-  // Every rank's loader runs in lockstep (same position, different windows), so one
-  // position is saved, recorded at the real dp degree: a resume on another world size
-  // rescales it.
-  state_.data_state = [this] {
-    auto s = loader_->state();
-    return nlohmann::json{{"epoch", s.epoch}, {"cursor", s.cursor}, {"dp", d_.dp_degree}};
-  };
+  // The loader's position (global samples and draws per source) is the same on every rank
+  // and independent of the world size, so a resume on another layout continues it.
+  state_.data_state = [this] { return loader_->state().to_json(); };
   state_.load_data_state = [this](const nlohmann::json& j) {
-    PackedLoader::State s;
-    s.epoch = j["epoch"].get<int64_t>();
-    s.cursor = j["cursor"].get<int64_t>() * j["dp"].get<int64_t>() / d_.dp_degree;
-    loader_->load_state(s);
+    loader_->load_state(LoaderState::from_json(j, ckpt_->root()));
   };
   if (cfg_.checkpoint.enable && !hf_init_) {
     std::string what = ckpt_->load(state_);
@@ -316,10 +306,7 @@ void Trainer::resume() {
 
 std::vector<MicroBatch> Trainer::next_micro_batches() {
   std::vector<MicroBatch> micro;
-  for (int64_t m = 0; m < d_.grad_accum_steps; ++m) {
-    Batch b = loader_->next();
-    micro.push_back({b.tokens.to(device_, /*non_blocking=*/true), b.labels.to(device_, true)});
-  }
+  for (int64_t m = 0; m < d_.grad_accum_steps; ++m) micro.push_back(loader_->next());
   return micro;
 }
 
@@ -335,7 +322,7 @@ int Trainer::train_loop() {
         step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
     const auto t0 = Clock::now();
     std::vector<MicroBatch> micro = next_micro_batches();
-    data_ms_ += ms_since(t0);
+    data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.time_phases = log;
     StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
@@ -400,12 +387,16 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
       m.tps * static_cast<double>(model_->info().flops_per_token(cfg_.training.seq_len)) / 1e12;
   const double peak = cuda_ ? peak_flops_for_device(cuda_device_info(device_.index()).name) : 0;
   m.mfu = peak > 0 ? 100.0 * m.tflops * 1e12 / peak : -1;
-  if (cuda_) {
-    m.memory_gib = static_cast<double>(cuda_peak_allocated(device_.index())) / (1 << 30);
-    m.memory_kind = "cuda max allocated";
-  } else {
-    m.memory_gib = max_rss_gib();
-  }
+  const MemoryStats mem = cuda_ ? cuda_memory_stats(device_.index()) : cpu_memory_stats();
+  m.memory_gib = static_cast<double>(mem.allocated) / (1 << 30);
+  m.memory_peak_gib = static_cast<double>(mem.peak) / (1 << 30);
+  m.memory_kind = cuda_ ? "cuda" : "cpu";
+  m.rss_gib = max_rss_gib();
+  // The next line's peak is that of its own steps.
+  if (cuda_)
+    cuda_reset_memory_peak(device_.index());
+  else
+    reset_cpu_memory_peak();
   const double steps_in = static_cast<double>(step == 1 ? 1 : cfg_.metrics.log_freq);
   m.data_ms = data_ms_ / steps_in;
   m.fwdbwd_ms = fwdbwd_ms_ / steps_in;
@@ -426,15 +417,15 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
 void Trainer::validate(int64_t step) {
   at::NoGradGuard ng;
   const auto& v = cfg_.validation;
-  PackedLoader vl(&splits_.heldout, v.seq_len, v.local_batch_size, launch_.rank, d_.dp_degree, 0,
-                  /*shuffle=*/false);
-  const int64_t n = v.steps < 0 ? vl.windows_per_rank() / v.local_batch_size : v.steps;
+  const bool own = val_blend_ != nullptr;
+  ValidationReader vr(own ? *val_blend_ : *blend_, /*holdout=*/!own, v.seq_len,
+                      v.local_batch_size, launch_.rank, d_.dp_degree, device_);
+  const int64_t n = v.steps < 0 ? vr.batches() : std::min(v.steps, vr.batches());
   at::Tensor sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   int64_t tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
-    Batch b = vl.next();
-    at::Tensor logits = model_->forward(b.tokens.to(device_));
-    sum += token_loss_sum(logits, b.labels.to(device_)).to(at::kDouble);
+    MicroBatch b = vr.next();
+    sum += token_loss_sum(model_->forward(b.tokens), b.labels).to(at::kDouble);
     tokens += b.labels.numel();
   }
   if (pg_) {  // each rank scored its own windows
@@ -442,6 +433,11 @@ void Trainer::validate(int64_t step) {
     pg_->allreduce(sum);
     pg_->allreduce(tk);
     tokens = static_cast<int64_t>(tk.item<double>());
+  }
+  if (tokens == 0) {
+    log_warn("validation at step " + std::to_string(step) +
+             ": no whole batch of validation windows; skipped");
+    return;
   }
   const double loss = sum.item<double>() / static_cast<double>(tokens);  // validation's sync
   metrics_->log_validation(step, loss, std::exp(loss), tokens);

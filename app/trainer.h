@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "app/checkpointer.h"
+#include "app/data_setup.h"
 #include "app/preemption.h"
 #include "app/train_step.h"
 #include "core/config.h"
-#include "core/data.h"
+#include "core/blend.h"
+#include "core/loader.h"
 #include "core/lr_schedule.h"
 #include "core/metrics.h"
 #include "core/model.h"
@@ -38,6 +40,8 @@ class Trainer {
   // ---- set-up phases, in order
   void setup_distributed();
   void setup_data();
+  // Every rank calls it once per raw-text source: the cache builders after building.
+  void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
   void setup_optimizer();
@@ -65,11 +69,10 @@ class Trainer {
   std::unique_ptr<Mesh> mesh_;
   bool fsdp_ = false;  // the model is sharded (FSDP, HSDP, expert parallelism)
 
-  std::string tok_path_, data_path_;
+  std::string tok_path_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  int64_t num_docs_ = 0;
-  Splits splits_;
-  std::unique_ptr<PackedLoader> loader_;
+  std::unique_ptr<Blend> blend_, val_blend_;  // val_blend_: validation.dataset_path, if given
+  std::unique_ptr<Loader> loader_;
 
   bool hf_init_ = false;    // initial weights come from a Hugging Face folder
   bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
@@ -90,8 +93,5 @@ class Trainer {
   int64_t tokens_since_log_ = 0;
   double data_ms_ = 0, fwdbwd_ms_ = 0, opt_ms_ = 0;
 };
-
-// Where the bundled corpus and tokenizer live ($TITAN_CACHE, else ~/.cache/titan-train).
-std::string titan_cache_dir();
 
 }  // namespace titan

@@ -23,12 +23,17 @@ void cuda_set_device(int device) {
   if (at::hasCUDA()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
 }
 
-int64_t cuda_peak_allocated(int device) {
-  if (!at::hasCUDA()) return 0;
+MemoryStats cuda_memory_stats(int device) {
+  if (!at::hasCUDA()) return {};
   auto stats =
       c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-      .peak;
+  const auto& a = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {a.current, a.peak};
+}
+
+void cuda_reset_memory_peak(int device) {
+  if (at::hasCUDA())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }
 
 }  // namespace titan

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/memory_stats.h"
+
 namespace titan {
 
 struct CudaDeviceInfo {
@@ -18,7 +20,9 @@ CudaDeviceInfo cuda_device_info(int device);
 // at start-up with LOCAL_RANK, so NCCL and every op that uses "the current device" land on
 // this rank's GPU rather than GPU 0.
 void cuda_set_device(int device);
-// Peak bytes allocated by the caching allocator on `device` since start (0 without CUDA).
-int64_t cuda_peak_allocated(int device);
+// Bytes allocated by the caching allocator on `device`, now and at the peak since start or
+// the last reset (zeros without CUDA).
+MemoryStats cuda_memory_stats(int device);
+void cuda_reset_memory_peak(int device);
 
 }  // namespace titan

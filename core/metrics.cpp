@@ -84,7 +84,8 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   if (m.loss_max != m.loss) os << " (max " << std::setprecision(4) << m.loss_max << ")";
   os << "  grad_norm: " << std::setprecision(4) << m.grad_norm << "  lr: " << std::scientific
      << std::setprecision(2) << m.lr << std::fixed << "  " << c("33")
-     << "memory: " << std::setprecision(2) << m.memory_gib << "GiB(" << m.memory_kind << ")"
+     << "memory: " << std::setprecision(2) << m.memory_gib << "/" << m.memory_peak_gib
+     << "GiB(" << m.memory_kind << " alloc/peak) rss " << m.rss_gib << "GiB"
      << c("0") << "  " << c("34") << "tps: " << std::setprecision(0) << m.tps << c("0")
      << "  tflops: " << std::setprecision(3) << m.tflops << "  mfu: ";
   if (m.mfu < 0)
@@ -105,6 +106,8 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   j["tflops"] = m.tflops;
   j["mfu"] = m.mfu < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.mfu);
   j["memory_gib"] = m.memory_gib;
+  j["memory_peak_gib"] = m.memory_peak_gib;
+  j["memory_rss_gib"] = m.rss_gib;
   j["memory_kind"] = m.memory_kind;
   j["time_data_ms"] = m.data_ms;
   j["time_fwdbwd_ms"] = m.fwdbwd_ms;
@@ -119,7 +122,9 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     tb_->add_scalar("throughput(tps)", m.tps, m.step);
     tb_->add_scalar("tflops", m.tflops, m.step);
     if (m.mfu >= 0) tb_->add_scalar("mfu(%)", m.mfu, m.step);
-    tb_->add_scalar("memory/max_gib", m.memory_gib, m.step);
+    tb_->add_scalar("memory/allocated_gib", m.memory_gib, m.step);
+    tb_->add_scalar("memory/peak_allocated_gib", m.memory_peak_gib, m.step);
+    tb_->add_scalar("memory/max_rss_gib", m.rss_gib, m.step);
     tb_->add_scalar("time_metrics/data_ms", m.data_ms, m.step);
     tb_->add_scalar("time_metrics/fwdbwd_ms", m.fwdbwd_ms, m.step);
     tb_->add_scalar("time_metrics/optimizer_ms", m.opt_ms, m.step);

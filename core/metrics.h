@@ -21,8 +21,13 @@ struct StepMetrics {
   double tps = 0;         // tokens per second per rank
   double tflops = 0;      // achieved TFLOP/s per rank
   double mfu = -1;        // percent of the device's bf16 dense peak; < 0: unknown (CPU)
-  double memory_gib = 0;  // CUDA allocator maximum, or process max RSS on CPU
-  std::string memory_kind = "rss";
+  // Tensor memory from the device's allocator statistics (CUDA's caching allocator, or the
+  // counting CPU allocator of core/memory_stats.h): allocated now and the peak since the last
+  // log line; the process's max RSS beside them.
+  double memory_gib = 0;       // allocated
+  double memory_peak_gib = 0;  // peak allocated
+  double rss_gib = 0;
+  std::string memory_kind = "cpu";  // "cpu" or "cuda"
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
   std::map<std::string, double> extra;  // e.g. per-layer MoE load statistics
 };

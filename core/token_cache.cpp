@@ -63,7 +63,7 @@ CacheKey cache_key(const std::string& raw, const std::string& tokenizer_file,
   k.text = "titan-train token cache 1\ninput " + abs + "\nsize " +
            std::to_string(static_cast<long long>(st.st_size)) + "\nmtime_ns " +
            std::to_string(mtime_ns) + "\ntokenizer " + file_content_hash(tokenizer_file) +
-           "\nfield " + o.field + "\nbos " + (o.bos ? "1" : "0") + "\neos " + (o.eos ? "1" : "0") +
+           tokenizer_config_hash(tokenizer_file) + "\nfield " + o.field + "\nbos " + (o.bos ? "1" : "0") + "\neos " + (o.eos ? "1" : "0") +
            "\noutput tok v2\n";
   std::string stem = fs::path(raw).filename().string();
   for (char& c : stem)
@@ -101,6 +101,15 @@ void write_key(const CacheKey& k) {
 }
 
 }  // namespace
+
+std::string tokenizer_config_hash(const std::string& tokenizer_file) {
+  // A tokenizer_config.json beside tokenizer.json can add special tokens and pick BOS/EOS
+  // (core/tokenizer.h), so it changes the ids too.
+  const fs::path cfg = fs::path(tokenizer_file).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (tokenizer_file == "bytes" || !fs::exists(cfg, ec)) return "";
+  return "\ntokenizer_config " + file_content_hash(cfg.string());
+}
 
 std::string file_content_hash(const std::string& path) {
   if (path == "bytes") return "bytes";

@@ -53,6 +53,10 @@ TokenCacheResult ensure_token_cache(const std::string& raw_path, const Tokenizer
 std::string token_cache_path(const std::string& raw_path, const std::string& tokenizer_file,
                              const TokenCacheOptions& opts);
 
+// "\ntokenizer_config <hash>" when a tokenizer_config.json sits beside the tokenizer file
+// (it can change ids), else "": part of the cache key.
+std::string tokenizer_config_hash(const std::string& tokenizer_file);
+
 // 64-bit FNV-1a of a file's bytes, as 16 hex digits; "bytes" hashes the name itself.
 std::string file_content_hash(const std::string& path);
 

@@ -14,6 +14,14 @@ std::vector<std::string> model_flavors(const std::string& name) {
   return {};
 }
 
+int64_t model_vocab_size(const JobConfig& cfg) {
+  if (cfg.model.name == "llama3") return llama3_flavor(cfg.model.flavor).vocab_size;
+  if (cfg.model.name == "llama4") return llama4_flavor(cfg.model.flavor).vocab_size;
+  if (cfg.model.name == "deepseek_v3") return deepseek_v3_flavor(cfg.model.flavor).vocab_size;
+  throw UserError("model.name = \"" + cfg.model.name +
+                  "\" is not a model; allowed: llama3, llama4, deepseek_v3");
+}
+
 std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool defer_params) {
   DeferParams defer(defer_params);
   std::unique_ptr<Model> m;

@@ -19,6 +19,8 @@ namespace titan {
 // init_weights(cfg.debug.seed) (parallel/fsdp.h). Buffers are allocated as usual.
 std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device,
                                    bool defer_params = false);
+// The vocabulary of the configured flavor, without building the model (data checks).
+int64_t model_vocab_size(const JobConfig& cfg);
 // Flavor names of a family, for messages and docs.
 std::vector<std::string> model_flavors(const std::string& name);
 

@@ -37,7 +37,7 @@ struct Mesh {
 };
 
 // Creates the sub-groups this rank belongs to. The degrees were validated against the world
-// size by validate_config.
+// size by validate_for_world.
 std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep);
 
 }  // namespace titan

@@ -11,6 +11,8 @@ export CCACHE_DIR="${CCACHE_DIR:-$cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 # The PCH makes ccache's default sloppiness miss; these are the documented settings for it.
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+# Paths under the checkout are hashed relative to it, so clones and worktrees share hits.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DTITAN_PYTHON="$TITAN_PYTHON" -DTorch_DIR="$TITAN_TORCH_DIR" \
     ${TITAN_CMAKE_ARGS:-} >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }

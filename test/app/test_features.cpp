@@ -201,3 +201,32 @@ TEST_CASE("features: a tokenizer smaller than the model's vocabulary trains", "[
   CHECK_THAT(r.out, Contains("(vocab 258, model vocab 2048)"));
   CHECK(metrics(dir.file("r")).size() == 2);
 }
+
+TEST_CASE("features: raw text is tokenized once; a second start reuses the cache",
+          "[features][data]") {
+  // A fresh input file (its path, size and mtime key the cache), in a private cache folder.
+  test::TempDir dir("tokcache");
+  std::string text;
+  for (int d = 0; d < 40; ++d) {
+    for (int i = 0; i < 50; ++i) text += "document " + std::to_string(d) + " word " + std::to_string(i) + " ";
+    text += "\n\n";
+  }
+  test::write_file(dir.file("raw.txt"), text);
+  auto run = [&](const std::string& name) {
+    auto r = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE TITAN_CACHE=" +
+                       dir.file("cache") + " " + test::binary() + " " + kSmall +
+                       "--training.steps 3 --training.local_batch_size 2 --model.tokenizer_path " +
+                       test::tokenizer_path() + " --training.dataset_path " + dir.file("raw.txt") +
+                       " --job.dump_folder " + dir.file(name));
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    return r.out;
+  };
+  const std::string first = run("a"), second = run("b");
+  CHECK_THAT(first, Contains("tokenized " + dir.file("raw.txt") + " into token cache"));
+  CHECK_THAT(second, Contains("reusing token cache for " + dir.file("raw.txt")));
+  CHECK_THAT(second, Contains("(nothing tokenized)"));
+  auto a = metrics(dir.file("a")), b = metrics(dir.file("b"));
+  REQUIRE(a.size() == 3);
+  for (auto& [step, v] : a) CHECK(b.at(step).first == v.first);
+}

@@ -9,7 +9,6 @@
 
 #include <filesystem>
 
-#include "core/data.h"
 #include "core/errors.h"
 #include "core/token_source.h"
 #include "test_util.h"
@@ -187,11 +186,11 @@ TEST_CASE("data: bad token files are one-line UserErrors naming the file", "[dat
     CHECK_THAT(error_of(f("orphan.idx")), Contains(f("orphan.bin")));
   }
   SECTION(".tok: version 1 names the converter; magic, unknown version, truncation") {
-    TokenizedDocs v1;
-    v1.vocab_size = 300;
-    v1.tokens = {1, 2, 3};
-    v1.offsets = {0, 3};
-    write_token_file(f("old.tok"), v1);
+    // Version 1: magic, u32 version, u32 width, u64 docs, tokens, vocab, offsets, tokens.
+    std::string v1 = "TITANTOK" + le<uint32_t>(1) + le<uint32_t>(2) + le<uint64_t>(1) +
+                     le<uint64_t>(3) + le<uint64_t>(300) + le<uint64_t>(0) + le<uint64_t>(3) +
+                     le<uint16_t>(1) + le<uint16_t>(2) + le<uint16_t>(3);
+    test::write_file(f("old.tok"), v1);
     CHECK_THAT(error_of(f("old.tok")),
                Contains(f("old.tok")) && Contains("titan-train tokenize --input " + f("old.tok")));
     fs::copy_file(root + "/a.tok", f("v3.tok"));

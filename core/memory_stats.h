@@ -1,0 +1,23 @@
+// CPU memory accounting: a counting allocator under every CPU tensor, so CPU runs report
+// allocated and peak-allocated bytes as CUDA runs do from the caching allocator (and tests
+// can assert memory, e.g. that the chunked loss never holds the full logits).
+#pragma once
+
+#include <cstdint>
+
+namespace titan {
+
+struct MemoryStats {
+  int64_t allocated = 0;  // bytes held by live tensors now
+  int64_t peak = 0;       // the most held at once since start (or the last reset)
+};
+
+// Makes the counting allocator c10's CPU allocator. Idempotent; tensors allocated before
+// the call are not counted. main() installs it first thing.
+void install_cpu_memory_counter();
+bool cpu_memory_counter_installed();
+MemoryStats cpu_memory_stats();
+// Sets the peak to the current allocation (measure the peak of one phase).
+void reset_cpu_memory_peak();
+
+}  // namespace titan
