@@ -21,7 +21,9 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   // mean over all sequences of every rank, and the ranks' gradients are summed.
   const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
   at::Tensor total;
-  for (const auto& mb : micro) {
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const MicroBatch& mb = micro[k];
+    if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
     at::Tensor logits = model.forward(mb.tokens);
     at::Tensor loss = token_loss_sum(logits, mb.labels) / o.global_tokens;
     at::Tensor aux = model.aux_loss();
