@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -32,6 +33,9 @@ StepProfiler::StepProfiler(const ProfilingSection& cfg, std::string dump_folder,
       root_((std::filesystem::path(dump_folder) / cfg.save_traces_folder).string()),
       rank_(rank),
       cuda_(cuda) {
+  // libkineto's own log lines (e.g. a failed GPU query on a machine without a driver) are
+  // silenced as torchtitan does; an explicit KINETO_LOG_LEVEL wins.
+  if (enabled()) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   if (enabled())
     log_info("=> profiling: the last " + std::to_string(cfg_.profiler_active) + " of every " +
              std::to_string(cfg_.profile_freq) + " steps (after " +

@@ -83,5 +83,5 @@ TEST_CASE("profiling: a profiled run writes a Chrome trace of its window", "[pro
   CHECK(bad.rc == 2);
   CHECK_THAT(bad.out, Contains("profiling.profile_freq = 2") &&
                           Contains("profile_freq >= profiler_warmup + profiler_active"));
-  CHECK_FALSE(fs::exists(dir.file("b") + "/traces"));
+  CHECK_FALSE(fs::exists(dir.file("b") + "/profile_traces"));
 }
