@@ -386,7 +386,7 @@ std::vector<Option> build_registry() {
   return out;
 }
 
-// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: profilers,
+// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
 // loggers, Python-side tuning, and sub-settings of features that are rejected while off
 // (pipeline and context parallel details, quantization recipes). "x.*" covers x and below.
 const std::vector<std::string> kIgnored = {
