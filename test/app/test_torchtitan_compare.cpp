@@ -4,7 +4,10 @@
 // initial weights (titan-train's seed checkpoint) and the same batches (`data-preview
 // --tokens all`), and the per-step losses, gradient norms and learning rates are compared with
 // titan-train's metrics.jsonl. Tolerances (issue 14): loss within 1e-5 relative, gradient
-// norm within 1e-4 relative; the learning rate within 1e-12 relative (same formula).
+// norm within 1e-4 relative of the norm of torchtitan's gradients (accumulated in fp64), and
+// within 3e-4 of the value torchtitan's clip_grad_norm_ reports, which uses torch's fp32 CPU
+// vector_norm: that is itself up to ~1.3e-4 off on the embedding/output gradients here. The
+// learning rate within 1e-12 relative (same formula).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -23,6 +26,7 @@ namespace {
 
 struct CompareRun {
   std::string model, config;
+  std::string lr;
   int64_t batch = 2, seq_len = 128, steps = 20;
 };
 
@@ -34,7 +38,7 @@ std::string titan_flags(const CompareRun& c, const std::string& dump) {
   s << "--config configs/" << c.config << " --job.dump_folder " << dump
     << " --training.steps " << c.steps << " --training.local_batch_size " << c.batch
     << " --training.seq_len " << c.seq_len << " --training.max_norm 1.0"
-    << " --optimizer.lr 8e-4 --optimizer.eps 1e-8 --optimizer.weight_decay 0.1"
+    << " --optimizer.lr " << c.lr << " --optimizer.eps 1e-8 --optimizer.weight_decay 0.1"
     << " --optimizer.weight_decay_scope all"
     << " --lr_scheduler.warmup_steps 2 --lr_scheduler.decay_ratio 0.8"
     << " --lr_scheduler.decay_type linear --lr_scheduler.min_lr_factor 0.0"
@@ -48,7 +52,7 @@ std::string titan_flags(const CompareRun& c, const std::string& dump) {
 std::string reference_flags(const CompareRun& c) {
   std::ostringstream s;
   s << " --model " << c.model << " --steps " << c.steps << " --local_batch_size " << c.batch
-    << " --seq_len " << c.seq_len << " --max_norm 1.0 --lr 8e-4 --eps 1e-8 --weight_decay 0.1"
+    << " --seq_len " << c.seq_len << " --max_norm 1.0 --lr " << c.lr << " --eps 1e-8 --weight_decay 0.1"
     << " --warmup_steps 2 --decay_ratio 0.8 --decay_type linear --min_lr_factor 0.0"
     << " --load_balance_coeff 1e-3";
   return s.str();
@@ -103,27 +107,31 @@ void compare_with_torchtitan(const CompareRun& c) {
   auto theirs = test::training_metrics(dir.file("ref.jsonl"));
   REQUIRE(static_cast<int64_t>(theirs.size()) == c.steps);
 
-  double worst_loss = 0, worst_norm = 0, worst_lr = 0;
+  double worst_loss = 0, worst_norm = 0, worst_own = 0, worst_lr = 0;
   for (int64_t s = 1; s <= c.steps; ++s) {
     const auto &a = ours[s], &b = theirs[s];
     const double el = rel(a["loss"].get<double>(), b["loss"].get<double>());
-    const double en = rel(a["grad_norm"].get<double>(), b["grad_norm"].get<double>());
+    const double en = rel(a["grad_norm"].get<double>(), b["grad_norm_fp64"].get<double>());
+    const double eo = rel(a["grad_norm"].get<double>(), b["grad_norm"].get<double>());
     const double er = rel(a["lr"].get<double>(), b["lr"].get<double>());
     INFO("step " << s << ": loss " << a["loss"] << " vs " << b["loss"] << ", grad_norm "
-                 << a["grad_norm"] << " vs " << b["grad_norm"] << ", lr " << a["lr"] << " vs "
-                 << b["lr"]);
+                 << a["grad_norm"] << " vs " << b["grad_norm_fp64"] << " (torchtitan's fp32 "
+                 << b["grad_norm"] << "), lr " << a["lr"] << " vs " << b["lr"]);
     CHECK(el <= 1e-5);
     CHECK(en <= 1e-4);
+    CHECK(eo <= 3e-4);
     CHECK(er <= 1e-12);
     worst_loss = std::max(worst_loss, el);
     worst_norm = std::max(worst_norm, en);
+    worst_own = std::max(worst_own, eo);
     worst_lr = std::max(worst_lr, er);
   }
   // The loss must move, or equal curves would prove little.
   CHECK(ours[c.steps]["loss"].get<double>() < ours[1]["loss"].get<double>() - 0.1);
   WARN(c.model << " vs torchtitan 0.2.2, " << c.steps << " steps of " << c.batch << "x"
                << c.seq_len << " tokens: worst loss rel err " << worst_loss
-               << ", worst grad_norm rel err " << worst_norm << ", worst lr rel err " << worst_lr
+               << ", worst grad_norm rel err " << worst_norm << " (" << worst_own
+               << " against torchtitan's fp32 norm), worst lr rel err " << worst_lr
                << "; step 1 loss " << ours[1]["loss"] << ", step " << c.steps << " loss "
                << ours[c.steps]["loss"]);
 }
@@ -132,10 +140,13 @@ void compare_with_torchtitan(const CompareRun& c) {
 
 TEST_CASE("torchtitan compare: llama3 debugmodel, 20 steps equal torchtitan 0.2.2's",
           "[train][torchtitan][slow]") {
-  compare_with_torchtitan({"llama3", "llama3_debug.toml"});
+  compare_with_torchtitan({"llama3", "llama3_debug.toml", "8e-4"});  // torchtitan's debug lr
 }
 
 TEST_CASE("torchtitan compare: deepseek_v3 debugmodel, 20 steps equal torchtitan 0.2.2's",
           "[train][torchtitan][moe][slow]") {
-  compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml"});
+  // At 8e-4 these 256-token batches give gradient spikes (norms 4 to 316) where torchtitan
+  // disagrees with itself: fused against foreach AdamW, its losses are 6e-5 apart at step 17
+  // and the routing then drifts. At 3e-4 the run is smooth (docs/training.md).
+  compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "3e-4"});
 }

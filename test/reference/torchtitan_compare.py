@@ -13,7 +13,9 @@ is the non-pipelined branch of torchtitan's `Trainer.train_step` / `forward_back
 Inputs: the initial weights are titan-train's seed checkpoint (`model/<name>` and
 `buffers/<name>` in its rank-00000.safetensors, torchtitan names); the batches are the
 windows `titan-train data-preview --tokens all` prints (one JSON line per window, in step,
-micro-batch, row order). Output: one JSON line per step, {"step", "loss", "grad_norm", "lr"}.
+micro-batch, row order). Output: one JSON line per step, {"step", "loss", "grad_norm",
+"grad_norm_fp64", "lr"}: grad_norm is what torchtitan's clip_grad_norm_ returns (and clips
+with), grad_norm_fp64 the norm of the same gradients accumulated in float64.
 
 Not numerics, so replaced: training-only imports with empty stand-ins (torchtitan_ref.py's
 _StubFinder), and torch.histc on int64 expert ids, which only CUDA implements, by the same
@@ -82,6 +84,10 @@ def load_seed(model, path):
         for prefix in ("model/", "buffers/"):
             if k.startswith(prefix):
                 sd[k[len(prefix):]] = v
+    # titan-train saves its per-step expert counters; torchtitan's are not persistent. A seed
+    # holds zeros, as torchtitan's init_weights sets them.
+    for k in [k for k in sd if k.endswith("tokens_per_expert")]:
+        assert not sd.pop(k).any(), f"{k}: a seed checkpoint's counters are zero"
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected, f"titan-train tensors torchtitan does not have: {unexpected}"
     # Only non-persistent or derived buffers may be missing.
@@ -178,12 +184,18 @@ def main():
         loss = cross_entropy_loss(pred, labels) / valid
         del pred
         loss.backward()
+        # The same gradients' norm accumulated in fp64. torch's fp32 vector_norm on the CPU
+        # (what clip_grad_norm_ reports) is off by up to ~1.3e-4 relative here, on the
+        # embedding and output gradients; a sum of squares in fp32 is within ~1e-8.
+        exact = torch.stack([p.grad.double().pow(2).sum() for p in model.parameters()
+                             if p.grad is not None]).sum().sqrt()
         grad_norm = dist_utils.clip_grad_norm_(
             [p for p in model.parameters()], jc.training.max_norm, foreach=True,
             pp_mesh=None, ep_enabled=False)
         optimizers.step()
         schedulers.step()
-        out.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr})
+        out.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                    "grad_norm_fp64": exact.item(), "lr": lr})
         print(json.dumps(out[-1]), flush=True)
     with open(a.out + ".tmp", "w") as f:
         for r in out:
