@@ -6,7 +6,7 @@
 // titan-train's metrics.jsonl. Tolerances (issue 14): loss within 1e-5 relative, gradient
 // norm within 1e-4 relative of the norm of torchtitan's gradients (accumulated in fp64), and
 // within 3e-4 of the value torchtitan's clip_grad_norm_ reports, which uses torch's fp32 CPU
-// vector_norm: that is itself up to ~1.3e-4 off on the embedding/output gradients here. The
+// vector_norm: that is itself up to ~1.3e-4 off on the output-layer gradient here. The
 // learning rate within 1e-12 relative (same formula).
 #include <catch2/catch.hpp>
 

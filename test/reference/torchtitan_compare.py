@@ -186,7 +186,7 @@ def main():
         loss.backward()
         # The same gradients' norm accumulated in fp64. torch's fp32 vector_norm on the CPU
         # (what clip_grad_norm_ reports) is off by up to ~1.3e-4 relative here, on the
-        # embedding and output gradients; a sum of squares in fp32 is within ~1e-8.
+        # output-layer gradient; a sum of squares in fp32 is within ~1e-8.
         exact = torch.stack([p.grad.double().pow(2).sum() for p in model.parameters()
                              if p.grad is not None]).sum().sqrt()
         grad_norm = dist_utils.clip_grad_norm_(
