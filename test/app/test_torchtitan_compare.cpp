@@ -58,7 +58,7 @@ std::string reference_flags(const CompareRun& c) {
   return s.str();
 }
 
-test::CmdResult titan(const std::string& args) {
+test::CmdResult run_titan(const std::string& args) {
   return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
                    test::binary() + " " + args);
 }
@@ -77,20 +77,20 @@ void compare_with_torchtitan(const CompareRun& c) {
   const std::string flags = titan_flags(c, dump);
 
   // 1. The initial weights: torchtitan's seed-checkpoint flow, step-0 in the run's folder.
-  auto seed = titan(flags + " --checkpoint.create_seed_checkpoint true");
+  auto seed = run_titan(flags + " --checkpoint.create_seed_checkpoint true");
   INFO(tail(seed.out));
   REQUIRE(seed.rc == 0);
   const std::string weights = dump + "/ckpt/step-0/rank-00000.safetensors";
   REQUIRE(fs::exists(weights));
 
   // 2. The batches the run will read, whole windows (seq_len + 1 ids each).
-  auto prev = titan("data-preview " + flags + " --steps " + std::to_string(c.steps) +
+  auto prev = run_titan("data-preview " + flags + " --steps " + std::to_string(c.steps) +
                     " --tokens all > " + dir.file("batches.jsonl"));
   INFO(tail(prev.out));
   REQUIRE(prev.rc == 0);
 
   // 3. titan-train resumes from the seed (model only) and trains.
-  auto train = titan(flags);
+  auto train = run_titan(flags);
   INFO(tail(train.out));
   REQUIRE(train.rc == 0);
   CHECK(train.out.find("step-0") != std::string::npos);  // it started from the seed
@@ -149,4 +149,25 @@ TEST_CASE("torchtitan compare: deepseek_v3 debugmodel, 20 steps equal torchtitan
   // disagrees with itself: fused against foreach AdamW, its losses are 6e-5 apart at step 17
   // and the routing then drifts. At 3e-4 the run is smooth (docs/training.md).
   compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "3e-4"});
+}
+
+TEST_CASE("seed checkpoint: needs checkpoint.enable and one process", "[checkpoint]") {
+  test::TempDir dir("seed-errors");
+  const std::string base = "--config configs/llama3_debug.toml --job.dump_folder " +
+                           dir.file("run") + " --checkpoint.create_seed_checkpoint true";
+  auto off = run_titan(base + " --checkpoint.enable false");
+  INFO(off.out);
+  CHECK(off.rc == 2);
+  CHECK(off.out.find("checkpoint.create_seed_checkpoint") != std::string::npos);
+  CHECK(off.out.find("checkpoint.enable = true") != std::string::npos);
+  CHECK(std::count(off.out.begin(), off.out.end(), '\n') == 1);
+  // Checked at launch, before any rendezvous: rank 0 of 2 exits at once.
+  auto two = test::run("cd " + test::source_dir() +
+                       " && env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 "
+                       "MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 " +
+                       test::binary() + " " + base + " --checkpoint.enable true");
+  INFO(two.out);
+  CHECK(two.rc == 2);
+  CHECK(two.out.find("world size of 2") != std::string::npos);
+  CHECK(!fs::exists(dir.file("run") + "/checkpoint"));
 }
