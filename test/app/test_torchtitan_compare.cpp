@@ -84,8 +84,11 @@ void compare_with_torchtitan(const CompareRun& c) {
   REQUIRE(fs::exists(weights));
 
   // 2. The batches the run will read, whole windows (seq_len + 1 ids each).
-  auto prev = run_titan("data-preview " + flags + " --steps " + std::to_string(c.steps) +
-                    " --tokens all > " + dir.file("batches.jsonl"));
+  // In a subshell, so that the blend table on stderr stays out of the JSON lines.
+  auto prev = test::run("(cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
+                        test::binary() + " data-preview " + flags + " --steps " +
+                        std::to_string(c.steps) + " --tokens all > " + dir.file("batches.jsonl") +
+                        " 2> " + dir.file("preview.log") + ")");
   INFO(tail(prev.out));
   REQUIRE(prev.rc == 0);
 
