@@ -20,13 +20,16 @@ namespace {
 const char* kUsage =
     "titan-train data-preview: the windows the first steps of a training run read\n"
     "usage: titan-train data-preview [training flags: --config FILE, --section.key=value ...]\n"
-    "                                [--steps N] [--rank R] [--world W]\n"
+    "                                [--steps N] [--rank R] [--world W] [--tokens N|all]\n"
     "  --steps N   steps to list (default 1)\n"
     "  --rank R    data-parallel rank (default 0)\n"
     "  --world W   data-parallel degree (default 1)\n"
-    "Prints one JSON line per window: {\"step\", \"rank\", \"source\", \"path\", \"offset\",\n"
-    "\"tokens\"} (path: the shard holding the window's first token; offset: that token's\n"
-    "offset in the shard; tokens: the first 8 ids). The blend table goes to stderr.\n";
+    "  --tokens N  ids to print per window (default 8); all: the whole window, seq_len + 1\n"
+    "Prints one JSON line per window, in step, micro-batch, row order: {\"step\", \"rank\",\n"
+    "\"micro\", \"row\", \"source\", \"path\", \"offset\", \"tokens\"} (path: the shard holding\n"
+    "the window's first token; offset: that token's offset in the shard; tokens: its first\n"
+    "ids; inputs are tokens[0, seq_len), labels tokens[1, seq_len]). The blend table goes to\n"
+    "stderr.\n";
 
 int64_t int_flag(const std::string& name, const std::string& text, int64_t min) {
   char* end = nullptr;
@@ -40,7 +43,7 @@ int64_t int_flag(const std::string& name, const std::string& text, int64_t min) 
 }  // namespace
 
 int run_data_preview(int argc, char** argv) {
-  int64_t steps = 1, rank = 0, world = 1;
+  int64_t steps = 1, rank = 0, world = 1, ntokens = 8;
   std::vector<const char*> rest = {"titan-train"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -49,7 +52,7 @@ int run_data_preview(int argc, char** argv) {
       return 0;
     }
     bool mine = false;
-    for (const char* flag : {"--steps", "--rank", "--world"}) {
+    for (const char* flag : {"--steps", "--rank", "--world", "--tokens"}) {
       std::string value;
       if (a == flag) {
         if (i + 1 >= argc) throw UserError(std::string("data-preview: ") + flag + " needs a value");
@@ -63,6 +66,8 @@ int run_data_preview(int argc, char** argv) {
       if (a.rfind("--steps", 0) == 0) steps = int_flag("--steps", value, 0);
       if (a.rfind("--rank", 0) == 0) rank = int_flag("--rank", value, 0);
       if (a.rfind("--world", 0) == 0) world = int_flag("--world", value, 1);
+      if (a.rfind("--tokens", 0) == 0)
+        ntokens = value == "all" ? -1 : int_flag("--tokens", value, 1);
     }
     if (!mine) rest.push_back(argv[i]);
   }
@@ -96,10 +101,13 @@ int run_data_preview(int argc, char** argv) {
   LoaderLayout layout{cfg.training.seq_len, cfg.training.local_batch_size, rank, d.dp_degree,
                       d.grad_accum_steps};
   for (const WindowPreview& w :
-       preview_windows(blend, layout, static_cast<uint64_t>(cfg.debug.seed), steps)) {
+       preview_windows(blend, layout, static_cast<uint64_t>(cfg.debug.seed), steps,
+                       ntokens < 0 ? cfg.training.seq_len + 1 : ntokens)) {
     nlohmann::ordered_json j;
     j["step"] = w.step;
     j["rank"] = w.rank;
+    j["micro"] = w.micro;
+    j["row"] = w.row;
     j["source"] = w.source;
     j["path"] = w.path;
     j["offset"] = w.offset;

@@ -63,6 +63,7 @@ int Trainer::run() {
   setup_optimizer();
   log_plan();
   resume();
+  if (cfg_.checkpoint.create_seed_checkpoint) return write_seed_checkpoint();
   const int status = train_loop();
   if (status == 0 && !preempted_) finish();
   return status;
@@ -230,7 +231,8 @@ void Trainer::parallelize() {
 
 void Trainer::setup_optimizer() {
   std::vector<bool> decay;
-  for (auto& p : model_->params().all()) decay.push_back(p.weight_decay);
+  const bool decay_all = cfg_.optimizer.weight_decay_scope == "all";  // torchtitan's rule
+  for (auto& p : model_->params().all()) decay.push_back(decay_all || p.weight_decay);
   opt_ = std::make_unique<AdamW>(model_->params().tensors(), decay, cfg_.optimizer);
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
@@ -308,7 +310,7 @@ void Trainer::resume() {
   state_.load_data_state = [this](const nlohmann::json& j) {
     loader_->load_state(LoaderState::from_json(j, ckpt_->root()));
   };
-  if (cfg_.checkpoint.enable && !hf_init_) {
+  if (cfg_.checkpoint.enable && !hf_init_ && !cfg_.checkpoint.create_seed_checkpoint) {
     std::string what = ckpt_->load(state_);
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt_->root() + ", starting fresh" : what));
@@ -462,6 +464,16 @@ void Trainer::validate(int64_t step) {
   }
   const double loss = sum.item<double>() / static_cast<double>(tokens);  // validation's sync
   metrics_->log_validation(step, loss, std::exp(loss), tokens);
+}
+
+int Trainer::write_seed_checkpoint() {
+  // torchtitan's seed checkpoint: the initialised model (and buffers) as step 0, written like
+  // its last save, loaded by a later run from the same folder or through initial_load_path.
+  state_.step = 0;
+  save(cfg_.checkpoint.last_save_model_only);
+  ckpt_->wait();
+  log_info("created seed checkpoint " + ckpt_->root() + "/step-0");
+  return 0;
 }
 
 void Trainer::save(bool model_only) {

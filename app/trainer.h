@@ -55,6 +55,7 @@ class Trainer {
   bool log_step(int64_t step, const StepResult& r, double lr);
   void validate(int64_t step);
   void save(bool model_only);
+  int write_seed_checkpoint();
   // ---- finish
   void finish();
   void export_hf();

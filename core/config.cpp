@@ -585,6 +585,10 @@ void validate_config(const JobConfig& cfg) {
     throw UserError(
         "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
         "allowed: llama3, deepseek_v3");
+  if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
+    throw UserError(
+        "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "
+        "checkpoint.enable = true (the seed is written to the checkpoint folder)");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {
@@ -595,6 +599,9 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
                     " does not divide the world size " + world);
+  if (cfg.checkpoint.create_seed_checkpoint && world_size != 1)
+    throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
+                    "; allowed: a single process (as torchtitan, the seed is written unsharded)");
   DerivedConfig d = derive_config(cfg, world_size);
   if (d.dp_degree != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +

@@ -41,6 +41,7 @@ struct OptimizerSection {
   double beta2 = 0;
   double eps = 0;
   double weight_decay = 0;
+  std::string weight_decay_scope;  // "matrices" (ours) or "all" (torchtitan's)
   std::string implementation;
 };
 
@@ -89,6 +90,7 @@ struct CheckpointSection {
   bool initial_load_in_hf = false;
   bool last_save_in_hf = false;
   std::vector<std::string> exclude_from_loading;
+  bool create_seed_checkpoint = false;  // write step-0 and exit (one process)
 };
 
 struct ActivationCheckpointSection {

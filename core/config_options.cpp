@@ -128,6 +128,10 @@ void optimizer_options(std::vector<Option>& out) {
   s.add("weight_decay", &OptimizerSection::weight_decay, 0.1,
         "Decoupled weight decay, applied to matrices only (docs/training.md)")
       .range(0.0, kNoMax);
+  s.add("weight_decay_scope", &OptimizerSection::weight_decay_scope, "matrices",
+        "Parameters weight_decay applies to: matrices (not norm gains or the embedding), or "
+        "all of them as torchtitan does")
+      .choices({"matrices", "all"});
   s.add("implementation", &OptimizerSection::implementation, "fused",
         "AdamW kernel: fused (one multi-tensor kernel) or for-loop")
       .choices({"fused", "foreach", "for-loop"});
@@ -249,8 +253,8 @@ void checkpoint_options(std::vector<Option>& out) {
           "initial_load_path holds quantized weights: not supported yet");
   s.later("load_only", false, "load-only runs (no saves)",
           "Load checkpoints but never save: not supported yet");
-  s.later("create_seed_checkpoint", false, "seed checkpoints",
-          "Write an initial checkpoint and exit: not supported yet");
+  s.add("create_seed_checkpoint", &C::create_seed_checkpoint, false,
+        "Initialise the model, save it as step 0 and exit (one process, checkpoint.enable)");
 }
 
 void activation_checkpoint_options(std::vector<Option>& out) {

@@ -1,6 +1,6 @@
 // `titan-train data-preview`: its JSON lines for 2 steps of a two-source blend equal the
 // loader's own batches (first 8 ids, exact) and the planner's windows (source, shard, offset);
-// --rank R --world W lists rank R's part of the same step.
+// --rank R --world W lists rank R's part of the same step; --tokens all gives whole windows.
 #include <catch2/catch.hpp>
 
 #include <sstream>
@@ -57,6 +57,10 @@ TEST_CASE("data-preview: JSON lines match the loader's batches and ranks list th
   auto lines = preview(args + " --steps 2", &rc);
   REQUIRE(rc == 0);
   REQUIRE(lines.size() == 16);  // 2 steps x 2 micro-batches x 4 rows
+  // --tokens all: whole windows, inputs then the last label (the torchtitan comparison's feed).
+  auto whole = preview(args + " --steps 2 --tokens all", &rc);
+  REQUIRE(rc == 0);
+  REQUIRE(whole.size() == 16);
 
   // The same config in-process: the loader's batches and the planner's windows.
   auto argv = split_args(args);
@@ -86,6 +90,15 @@ TEST_CASE("data-preview: JSON lines match the loader's batches and ranks list th
         auto first8 = mb.tokens[b].slice(0, 0, 8);
         CHECK(j["tokens"].get<std::vector<int64_t>>() ==
               std::vector<int64_t>(first8.data_ptr<int64_t>(), first8.data_ptr<int64_t>() + 8));
+        CHECK(j["micro"] == m);
+        CHECK(j["row"] == b);
+        auto all = whole[i]["tokens"].get<std::vector<int64_t>>();
+        REQUIRE(all.size() == 32);
+        at::Tensor in = mb.tokens[b].contiguous(), lab = mb.labels[b].contiguous();
+        CHECK(std::vector<int64_t>(all.begin(), all.end() - 1) ==
+              std::vector<int64_t>(in.data_ptr<int64_t>(), in.data_ptr<int64_t>() + 31));
+        CHECK(std::vector<int64_t>(all.begin() + 1, all.end()) ==
+              std::vector<int64_t>(lab.data_ptr<int64_t>(), lab.data_ptr<int64_t>() + 31));
         const WindowRef& w = plan[static_cast<size_t>(m * 4 + b)];
         CHECK(j["source"] == w.draw.source);
         CHECK(j["path"] == dir.file(w.draw.source == 0 ? "a.tok" : "b.tok"));
@@ -106,7 +119,9 @@ TEST_CASE("data-preview: JSON lines match the loader's batches and ranks list th
     const size_t step = i / 8, j = i % 8;
     nlohmann::json w = (j < 4 ? r0 : r1)[step * 4 + j % 4];
     CHECK(w["rank"] == (j < 4 ? 0 : 1));
+    CHECK(w["micro"] == 0);  // one micro-batch per rank; the one-rank listing has two
     w["rank"] = 0;
+    w["micro"] = j / 4;
     CHECK(w == lines[i]);
   }
   auto bad = test::run(test::binary() + " data-preview " + args + " --rank 2 --world 2");

@@ -304,8 +304,6 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
        "context parallelism"},
       {"[parallelism]\nexpert_tensor_parallel_degree = 8\n",
        "parallelism.expert_tensor_parallel_degree", "expert tensor parallelism"},
-      {"[checkpoint]\ncreate_seed_checkpoint = true\n", "checkpoint.create_seed_checkpoint",
-       "seed checkpoints"},
       // The first one in the file is named.
       {"[model]\nconverters = [\"mx\"]\n[parallelism]\ntensor_parallel_degree = 8\n",
        "model.converters", "mx"},

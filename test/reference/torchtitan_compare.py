@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Trains with torchtitan 0.2.2's own code on CPU in fp32, for the 20-step comparison with
+titan-train (test/app/test_torchtitan_compare.cpp): our version of torchtitan's
+`loss_compare.py --assert-equal`.
+
+What runs is torchtitan's: the model (llama3 Transformer or DeepSeekV3Model, built from its
+flavor table and `update_from_config`), `build_optimizers` / `build_optimizers_with_moe_load_balancing`
+(torch.optim.AdamW as torchtitan builds it, plus its aux-loss-free expert-bias pre-hook),
+`build_lr_schedulers`, `cross_entropy_loss` and `dist_utils.clip_grad_norm_`. The loop below
+is the non-pipelined branch of torchtitan's `Trainer.train_step` / `forward_backward_step`
+(one micro-batch per step: loss = sum of token losses / valid tokens).
+
+Inputs: the initial weights are titan-train's seed checkpoint (`model/<name>` and
+`buffers/<name>` in its rank-00000.safetensors, torchtitan names); the batches are the
+windows `titan-train data-preview --tokens all` prints (one JSON line per window, in step,
+micro-batch, row order). Output: one JSON line per step, {"step", "loss", "grad_norm",
+"grad_norm_fp64", "lr"}: grad_norm is what torchtitan's clip_grad_norm_ returns (and clips
+with), grad_norm_fp64 the norm of the same gradients accumulated in float64.
+
+Not numerics, so replaced: training-only imports with empty stand-ins (torchtitan_ref.py's
+_StubFinder), and torch.histc on int64 expert ids, which only CUDA implements, by the same
+histogram on their float copy (ids and counts are exact in fp32).
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file
+
+from torchtitan_ref import _StubFinder
+
+
+def job_config(a):
+    from torchtitan.config import JobConfig
+
+    jc = JobConfig()
+    jc.model.name, jc.model.flavor = a.model, a.flavor
+    jc.training.seq_len = a.seq_len
+    jc.training.local_batch_size = a.local_batch_size
+    jc.training.steps = a.steps
+    jc.training.max_norm = a.max_norm
+    jc.optimizer.name = "AdamW"
+    jc.optimizer.lr = a.lr
+    jc.optimizer.eps = a.eps
+    jc.optimizer.weight_decay = a.weight_decay
+    jc.optimizer.beta1, jc.optimizer.beta2 = a.beta1, a.beta2
+    jc.optimizer.implementation = "fused"  # torchtitan's default; torch has it on CPU too
+    jc.lr_scheduler.warmup_steps = a.warmup_steps
+    jc.lr_scheduler.decay_ratio = a.decay_ratio if a.decay_ratio >= 0 else None
+    jc.lr_scheduler.decay_type = a.decay_type
+    jc.lr_scheduler.min_lr_factor = a.min_lr_factor
+    return jc
+
+
+def build_model(a, jc):
+    if a.model == "llama3":
+        from torchtitan.models.llama3 import llama3_args as flavors
+        from torchtitan.models.llama3 import Transformer as Model
+    else:
+        from torchtitan.models.deepseek_v3 import deepseekv3_args as flavors
+        from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model as Model
+    import copy
+
+    ma = copy.deepcopy(flavors[a.flavor])
+    ma.update_from_config(jc)
+    if a.model == "deepseek_v3":
+        # update_from_config picks grouped_mm only on SM90+; the CPU takes the for-loop path.
+        ma.moe_args.use_grouped_mm = False
+        ma.moe_args.load_balance_coeff = a.load_balance_coeff if a.load_balance_coeff > 0 else None
+    with torch.device("cpu"):
+        model = Model(ma)
+    with torch.no_grad():  # as torchtitan's Trainer does after to_empty()
+        model.init_weights()  # buffers (RoPE tables, expert bias, counters); weights are loaded next
+    return model
+
+
+def load_seed(model, path):
+    st = load_file(path)
+    sd = {}
+    for k, v in st.items():
+        for prefix in ("model/", "buffers/"):
+            if k.startswith(prefix):
+                sd[k[len(prefix):]] = v
+    # titan-train saves its per-step expert counters; torchtitan's are not persistent. A seed
+    # holds zeros, as torchtitan's init_weights sets them.
+    for k in [k for k in sd if k.endswith("tokens_per_expert")]:
+        assert not sd.pop(k).any(), f"{k}: a seed checkpoint's counters are zero"
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected, f"titan-train tensors torchtitan does not have: {unexpected}"
+    # Only non-persistent or derived buffers may be missing.
+    bad = [k for k in missing if not (k.endswith("tokens_per_expert") or "freqs_cis" in k)]
+    assert not bad, f"torchtitan tensors the seed checkpoint lacks: {bad}"
+    return len(sd)
+
+
+def read_batches(path, steps, local_batch_size, seq_len):
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            w = json.loads(line)
+            assert len(w["tokens"]) == seq_len + 1, "data-preview must run with --tokens all"
+            rows.setdefault(w["step"], []).append(w["tokens"])
+    batches = []
+    for s in range(1, steps + 1):
+        assert len(rows.get(s, [])) == local_batch_size, f"step {s}: {len(rows.get(s, []))} windows"
+        t = torch.tensor(rows[s], dtype=torch.int64)  # (B, T + 1)
+        batches.append((t[:, :-1].contiguous(), t[:, 1:].contiguous()))
+    return batches
+
+
+def init_single_process_group():
+    # ParallelDims builds its (size-1) meshes through torch.distributed.
+    if torch.distributed.is_initialized():
+        return
+    fd, path = tempfile.mkstemp(prefix="tt-compare-store-")
+    os.close(fd)
+    os.unlink(path)
+    torch.distributed.init_process_group(
+        "gloo", init_method="file://" + path, rank=0, world_size=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["llama3", "deepseek_v3"], required=True)
+    ap.add_argument("--flavor", default="debugmodel")
+    ap.add_argument("--weights", required=True, help="seed checkpoint rank-00000.safetensors")
+    ap.add_argument("--batches", required=True, help="data-preview --tokens all output")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seq_len", type=int, required=True)
+    ap.add_argument("--local_batch_size", type=int, required=True)
+    ap.add_argument("--lr", type=float, default=8e-4)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--max_norm", type=float, default=1.0)
+    ap.add_argument("--warmup_steps", type=int, default=2)
+    ap.add_argument("--decay_ratio", type=float, default=-1.0, help="< 0: unset")
+    ap.add_argument("--decay_type", default="linear")
+    ap.add_argument("--min_lr_factor", type=float, default=0.0)
+    ap.add_argument("--load_balance_coeff", type=float, default=1e-3, help="<= 0: off")
+    a = ap.parse_args()
+    if os.environ.get("TITAN_TORCHTITAN_PATH"):
+        sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
+    sys.meta_path.insert(0, _StubFinder())
+    _histc = torch.histc
+    torch.histc = lambda x, *p, **k: _histc(x.float(), *p, **k).to(x.dtype)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    init_single_process_group()
+
+    import torchtitan
+    from torchtitan.components.loss import cross_entropy_loss, IGNORE_INDEX
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+    from torchtitan.components.optimizer import (
+        build_optimizers, build_optimizers_with_moe_load_balancing)
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    jc = job_config(a)
+    model = build_model(a, jc)
+    n = load_seed(model, a.weights)
+    model.train()
+    pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    # The builders torchtitan's train specs name: build_optimizers for llama3, the MoE variant
+    # (the same optimizer plus the expert-bias pre-hook) for deepseek_v3.
+    build = build_optimizers if a.model == "llama3" else build_optimizers_with_moe_load_balancing
+    optimizers = build([model], jc.optimizer, pd)
+    schedulers = build_lr_schedulers(optimizers, jc.lr_scheduler, jc.training.steps)
+    batches = read_batches(a.batches, a.steps, a.local_batch_size, a.seq_len)
+
+    out = []
+    for step, (inputs, labels) in enumerate(batches, start=1):
+        optimizers.zero_grad()
+        lr = schedulers.schedulers[0].get_last_lr()[0]
+        valid = (labels != IGNORE_INDEX).sum().float()
+        pred = model(inputs)
+        loss = cross_entropy_loss(pred, labels) / valid
+        del pred
+        loss.backward()
+        # The same gradients' norm accumulated in fp64. torch's fp32 vector_norm on the CPU
+        # (what clip_grad_norm_ reports) is off by up to ~1.3e-4 relative here, on the
+        # output-layer gradient; a sum of squares in fp32 is within ~1e-8.
+        exact = torch.stack([p.grad.double().pow(2).sum() for p in model.parameters()
+                             if p.grad is not None]).sum().sqrt()
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for p in model.parameters()], jc.training.max_norm, foreach=True,
+            pp_mesh=None, ep_enabled=False)
+        optimizers.step()
+        schedulers.step()
+        out.append({"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                    "grad_norm_fp64": exact.item(), "lr": lr})
+        print(json.dumps(out[-1]), flush=True)
+    with open(a.out + ".tmp", "w") as f:
+        for r in out:
+            f.write(json.dumps(r) + "\n")
+    os.replace(a.out + ".tmp", a.out)
+    print(f"torchtitan {getattr(torchtitan, '__version__', '?')}: {a.model} {a.flavor}, "
+          f"{n} tensors loaded, {len(out)} steps", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
