@@ -22,8 +22,8 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
   at::Tensor total;
   for (const auto& mb : micro) {
-    at::Tensor logits = model.forward(mb.tokens);
-    at::Tensor loss = token_loss_sum(logits, mb.labels) / o.global_tokens;
+    // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
+    at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
     at::Tensor aux = model.aux_loss();
     at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
     objective.backward();
