@@ -4,7 +4,7 @@
 # eager) so that machine noise hits both alike: same torch wheel, same threads, same model,
 # batch and random tokens. Three configurations:
 #   debug  the Llama-3 debugmodel, batch 8 x seq 256, vocab 2048
-#   long   Llama-3 dim 384, 4 layers, 6 heads, 2 kv heads (GQA), vocab 32768, batch 2 x seq 1024
+#   long   Llama-3 dim 384, 2 layers, 6 heads, 2 kv heads (GQA), vocab 32768, batch 1 x seq 1024
 #   moe    the Llama-4 debugmodel (8 experts, top-1, 1 shared; MoE every 2nd layer), 8 x 256
 # The titan side is the product's Model + train_step + fused AdamW driven by a hidden Catch2
 # case (test/app/test_train_bench.cpp), because the long shape is no torchtitan flavor.
@@ -24,9 +24,9 @@ configs=("$@")
 # name -> dim layers heads kv_heads vocab batch seq experts steps
 spec() {
   case "$1" in
-    debug) echo "256 6 16 16 2048 8 256 0 ${STEPS:-12}" ;;
-    long) echo "384 4 6 2 32768 2 1024 0 ${STEPS:-8}" ;;
-    moe) echo "256 6 16 16 2048 8 256 8 ${STEPS:-12}" ;;
+    debug) echo "256 6 16 16 2048 8 256 0 ${STEPS:-6}" ;;
+    long) echo "384 2 6 2 32768 1 1024 0 ${STEPS:-5}" ;;
+    moe) echo "256 6 16 16 2048 8 256 8 ${STEPS:-6}" ;;
     *) echo "unknown config $1; allowed: debug long moe" >&2; exit 2 ;;
   esac
 }
