@@ -1,5 +1,6 @@
 #include "app/commands.h"
 #include "app/data_preview.h"
+#include "app/estimate.h"
 #include "app/tokenize_command.h"
 
 #include <CLI/CLI.hpp>
@@ -138,8 +139,9 @@ int run_subcommand(int argc, char** argv) {
   if (name == "tokenize") return run_tokenize_command(argc, argv);
   if (name == "convert-hf") return run_convert_hf(argc, argv);
   if (name == "data-preview") return run_data_preview(argc, argv);
+  if (name == "estimate") return run_estimate_command(argc, argv);
   throw UserError("unknown subcommand '" + name +
-                  "'; allowed: tokenize, convert-hf, data-preview (see --help)");
+                  "'; allowed: tokenize, convert-hf, data-preview, estimate (see --help)");
 }
 
 int run_train_command(const JobConfig& cfg, const LaunchEnv& launch) {

@@ -54,7 +54,9 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   at::Tensor total;
   {
     RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
-    for (const auto& mb : micro) {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const MicroBatch& mb = micro[k];
+      if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
       // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
       at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
       at::Tensor aux = model.aux_loss();

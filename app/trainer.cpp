@@ -177,6 +177,14 @@ void Trainer::setup_model() {
   }
 }
 
+// TITAN_COMM_OVERLAP=0 turns off the FSDP prefetches, the early reduce-scatter and replica
+// waits and the DDP backward hooks: the blocking schedule, kept only to measure what the
+// overlap buys side by side (docs/distributed.md). Not a config key: nobody should train so.
+static bool comm_overlap() {
+  const char* v = std::getenv("TITAN_COMM_OVERLAP");
+  return v == nullptr || std::string(v) != "0";
+}
+
 void Trainer::parallelize() {
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
@@ -199,13 +207,18 @@ void Trainer::parallelize() {
     fo.reduce_dtype =
         cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
+    if (!comm_overlap()) {
+      fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
+      fo.max_inflight_reductions = 0;
+    }
     sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
     if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
   } else if (pg_) {
     const at::ScalarType reduce =
         cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce);
+    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce, 25 << 20,
+                                          comm_overlap());
     grad_sync_ = ddp_.get();
   }
   if (pg_) {
@@ -328,7 +341,9 @@ int Trainer::train_loop() {
     data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.time_phases = log;
+    const double wait0 = ProcessGroup::comm_wait_ms();
     StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
+    comm_wait_ms_ += ProcessGroup::comm_wait_ms() - wait0;
     fwdbwd_ms_ += r.fwdbwd_ms;
     opt_ms_ += r.opt_ms;
     tokens_since_log_ +=
@@ -406,6 +421,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   m.data_ms = data_ms_ / steps_in;
   m.fwdbwd_ms = fwdbwd_ms_ / steps_in;
   m.opt_ms = opt_ms_ / steps_in;
+  m.comm_wait_ms = comm_wait_ms_ / steps_in;
   m.extra = model_->extra_metrics();
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {
@@ -415,7 +431,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   }
   t_last_log_ = Clock::now();
   tokens_since_log_ = 0;
-  data_ms_ = fwdbwd_ms_ = opt_ms_ = 0;
+  data_ms_ = fwdbwd_ms_ = opt_ms_ = comm_wait_ms_ = 0;
   return true;
 }
 

@@ -94,7 +94,7 @@ class Trainer {
   // Accumulated since the last log line.
   Clock::time_point t_last_log_;
   int64_t tokens_since_log_ = 0;
-  double data_ms_ = 0, fwdbwd_ms_ = 0, opt_ms_ = 0;
+  double data_ms_ = 0, fwdbwd_ms_ = 0, opt_ms_ = 0, comm_wait_ms_ = 0;
 };
 
 }  // namespace titan

@@ -93,7 +93,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   else
     os << std::setprecision(2) << m.mfu << "%";
   os << "  time(ms) data/fwdbwd/opt: " << std::setprecision(1) << m.data_ms << "/" << m.fwdbwd_ms
-     << "/" << m.opt_ms;
+     << "/" << m.opt_ms << "  comm_wait_ms: " << m.comm_wait_ms;
   log_info(os.str());
 
   nlohmann::json j;
@@ -112,6 +112,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   j["time_data_ms"] = m.data_ms;
   j["time_fwdbwd_ms"] = m.fwdbwd_ms;
   j["time_optimizer_ms"] = m.opt_ms;
+  j["comm_wait_ms"] = m.comm_wait_ms;
   for (auto& [k, v] : m.extra) j[k] = v;
   write_json(j.dump());
   if (tb_) {
@@ -128,6 +129,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     tb_->add_scalar("time_metrics/data_ms", m.data_ms, m.step);
     tb_->add_scalar("time_metrics/fwdbwd_ms", m.fwdbwd_ms, m.step);
     tb_->add_scalar("time_metrics/optimizer_ms", m.opt_ms, m.step);
+    tb_->add_scalar("time_metrics/comm_wait_ms", m.comm_wait_ms, m.step);
     for (auto& [k, v] : m.extra) tb_->add_scalar(k, v, m.step);
     tb_->flush();
   }

@@ -29,6 +29,9 @@ struct StepMetrics {
   double rss_gib = 0;
   std::string memory_kind = "cpu";  // "cpu" or "cuda"
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
+  // Host time the step spent blocked on collectives that compute did not hide (per step,
+  // averaged over the steps since the last line); 0 for one process.
+  double comm_wait_ms = 0;
   std::map<std::string, double> extra;  // e.g. per-layer MoE load statistics
 };
 

@@ -1,9 +1,11 @@
 #include "core/model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
 
 #include <cmath>
 
+#include "core/counter_rng.h"
 #include "core/functional.h"
 #include "core/fused_loss.h"
 
@@ -45,23 +47,31 @@ void ParamStore::assign(int64_t i, const at::Tensor& full) {
   }
 }
 
+// Each parameter draws from its own counter-based stream (core/counter_rng.h), and only
+// the rows this rank holds: the cost per rank is its shard, and the values of a row do not
+// depend on the layout. Drawn on the CPU (scalar code, so bit-identical for any shard
+// boundary) one parameter at a time, then copied to the parameter's device.
 void ParamStore::initialize(uint64_t seed) {
   at::NoGradGuard ng;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Param& p = params_[i];
+  for (Param& p : params_) {
     const InitSpec& s = p.init;
     if (s.kind == InitSpec::Kind::Zeros || s.kind == InitSpec::Kind::Ones) {
       // No draws: fill only the valid rows (padding rows of a shard stay zero).
       p.valid(p.value).fill_(s.kind == InitSpec::Kind::Ones ? 1.0 : 0.0);
       continue;
     }
-    at::Tensor cpu = at::empty(p.full_shape(), at::kFloat);
+    at::Tensor dst = p.valid(p.value);
+    const std::vector<int64_t> full = p.full_shape();
+    const int64_t row_numel =
+        full.size() <= 1 ? 1 : c10::multiply_integers(full.begin() + 1, full.end());
+    const int64_t first = (p.sharded() ? p.dim0_offset : 0) * row_numel;
+    at::Tensor cpu = at::empty(dst.sizes(), at::kFloat);
+    const uint64_t key = param_stream_key(seed, p.name);
     if (s.kind == InitSpec::Kind::Normal)
-      cpu.normal_(0.0, s.std, gen);
+      counter_normal_(cpu, key, first, s.std);
     else
-      trunc_normal_(cpu, 0.0, s.std, s.lo, s.hi, gen);
-    assign(static_cast<int64_t>(i), cpu);
+      counter_trunc_normal_(cpu, key, first, s.std, s.lo, s.hi);
+    dst.copy_(cpu);
   }
 }
 

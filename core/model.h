@@ -78,8 +78,8 @@ class DeferParams {
 
 class ParamStore {
  public:
-  // Registers a parameter of `shape` (fp32 on `device`) and returns its index. The order
-  // of registration is the order of initialization draws.
+  // Registers a parameter of `shape` (fp32 on `device`) and returns its index. Its name
+  // keys its initialization stream (ParamStore::initialize).
   int64_t add(const std::string& name, std::vector<int64_t> shape, at::Device device,
               bool weight_decay, InitSpec init, ParamKind kind = ParamKind::Dense);
   const std::vector<Param>& all() const { return params_; }
@@ -90,8 +90,8 @@ class ParamStore {
   // Writes a whole-tensor value (full shape) into parameter i: all of it, or only this
   // rank's rows when the parameter is sharded.
   void assign(int64_t i, const at::Tensor& full);
-  // Draws every parameter from its InitSpec on one CPU generator seeded with `seed`, in
-  // registration order, so every device, rank and layout gets the same values.
+  // Draws this rank's rows of every parameter from its InitSpec on the stream keyed by (seed,
+  // name) (core/counter_rng.h): bit-identical values for every device, rank and layout.
   void initialize(uint64_t seed);
   int64_t numel() const;
   std::vector<at::Tensor> tensors() const;

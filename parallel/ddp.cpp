@@ -1,27 +1,52 @@
 #include "parallel/ddp.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 namespace titan {
+namespace {
+
+struct ReadyHook : torch::autograd::PostAccumulateGradHook {
+  ReadyHook(DataParallel* ddp, size_t i) : ddp(ddp), i(i) {}
+  void operator()(const torch::autograd::Variable&) override { ddp->grad_ready(i); }
+  DataParallel* ddp;
+  size_t i;
+};
+
+}  // namespace
 
 DataParallel::DataParallel(ProcessGroup& pg, const std::vector<at::Tensor>& params,
-                           at::ScalarType reduce_dtype, int64_t bucket_bytes)
-    : pg_(pg), reduce_dtype_(reduce_dtype) {
+                           at::ScalarType reduce_dtype, int64_t bucket_bytes, bool overlap)
+    : pg_(pg), reduce_dtype_(reduce_dtype), params_(params), overlap_(overlap) {
+  bucket_of_.resize(params.size());
+  seen_.assign(params.size(), false);
   int64_t bytes = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t b = params[i].numel() * static_cast<int64_t>(sizeof(float));
+  for (size_t j = params.size(); j-- > 0;) {
+    const int64_t b = params[j].numel() * static_cast<int64_t>(sizeof(float));
     if (buckets_.empty() || bytes + b > bucket_bytes) {
       buckets_.emplace_back();
       bytes = 0;
     }
-    buckets_.back().push_back(i);
+    buckets_.back().params.push_back(j);
+    bucket_of_[j] = buckets_.size() - 1;
     bytes += b;
   }
+  for (size_t j = 0; j < params.size() && overlap; ++j)
+    if (params[j].requires_grad())
+      torch::autograd::impl::set_post_acc_grad_hooks(params[j],
+                                                     std::make_unique<ReadyHook>(this, j));
+}
+
+DataParallel::~DataParallel() {
+  for (auto& p : params_)
+    if (overlap_ && p.requires_grad()) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
 }
 
 std::string DataParallel::describe() const {
-  return std::to_string(buckets_.size()) + " gradient buckets, all-reduce in " +
-         c10::toString(reduce_dtype_);
+  return std::to_string(buckets_.size()) + " gradient buckets (reverse parameter order, " +
+         (overlap_ ? "all-reduced during backward" : "all-reduced after backward") +
+         "), all-reduce in " + c10::toString(reduce_dtype_);
 }
 
 void DataParallel::broadcast_state(Model& model) {
@@ -29,11 +54,11 @@ void DataParallel::broadcast_state(Model& model) {
   auto params = model.params().tensors();
   for (auto& bucket : buckets_) {
     std::vector<at::Tensor> flat;
-    for (size_t i : bucket) flat.push_back(params[i].detach().reshape({-1}));
+    for (size_t i : bucket.params) flat.push_back(params[i].detach().reshape({-1}));
     at::Tensor buf = at::cat(flat);
     pg_.broadcast(buf, 0);
     int64_t off = 0;
-    for (size_t i : bucket) {
+    for (size_t i : bucket.params) {
       const int64_t n = params[i].numel();
       params[i].detach().copy_(buf.narrow(0, off, n).view_as(params[i]));
       off += n;
@@ -42,22 +67,41 @@ void DataParallel::broadcast_state(Model& model) {
   for (auto& [name, t] : model.buffers()) pg_.broadcast(t, 0);
 }
 
-void DataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
-  for (auto& bucket : buckets_) {
-    std::vector<at::Tensor> flat;
-    for (size_t i : bucket) {
-      const at::Tensor& g = params[i].grad();
-      // A parameter no token reached this step (an idle MoE expert) has no gradient here but
-      // may have one on another rank: it contributes zeros.
-      flat.push_back(g.defined() ? g.reshape({-1})
-                                 : at::zeros({params[i].numel()}, params[i].options()));
-    }
-    at::Tensor buf = at::cat(flat).to(reduce_dtype_);
-    pg_.allreduce(buf, ReduceOp::Sum);
-    if (buf.scalar_type() != at::kFloat) buf = buf.to(at::kFloat);
+void DataParallel::begin_micro_batch(bool last) { last_micro_batch_ = last; }
+
+void DataParallel::grad_ready(size_t i) {
+  if (!last_micro_batch_ || seen_[i]) return;
+  seen_[i] = true;
+  ++buckets_[bucket_of_[i]].ready;
+  // Launch in order: a complete bucket behind an incomplete one waits for it.
+  while (next_ < buckets_.size() &&
+         buckets_[next_].ready == static_cast<int64_t>(buckets_[next_].params.size()))
+    launch(buckets_[next_++]);
+}
+
+void DataParallel::launch(Bucket& b) {
+  at::NoGradGuard ng;
+  std::vector<at::Tensor> flat;
+  for (size_t i : b.params) {
+    const at::Tensor& g = params_[i].grad();
+    // A parameter no token reached this step (an idle MoE expert) has no gradient here but
+    // may have one on another rank: it contributes zeros.
+    flat.push_back(g.defined() ? g.reshape({-1})
+                               : at::zeros({params_[i].numel()}, params_[i].options()));
+  }
+  b.buf = at::cat(flat).to(reduce_dtype_);
+  b.work = pg_.allreduce_start(b.buf, ReduceOp::Sum);
+}
+
+void DataParallel::reduce_gradients(const std::vector<at::Tensor>&) {
+  at::NoGradGuard ng;
+  while (next_ < buckets_.size()) launch(buckets_[next_++]);
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    at::Tensor buf = b.buf.scalar_type() == at::kFloat ? b.buf : b.buf.to(at::kFloat);
     int64_t off = 0;
-    for (size_t i : bucket) {
-      at::Tensor p = params[i];
+    for (size_t i : b.params) {
+      at::Tensor p = params_[i];
       const int64_t n = p.numel();
       at::Tensor part = buf.narrow(0, off, n).view_as(p);
       if (p.grad().defined())
@@ -66,7 +110,12 @@ void DataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
         p.mutable_grad() = part.clone();
       off += n;
     }
+    b.buf = at::Tensor();
+    b.ready = 0;
   }
+  next_ = 0;
+  seen_.assign(seen_.size(), false);
+  last_micro_batch_ = true;
 }
 
 }  // namespace titan

@@ -23,10 +23,11 @@ struct FullyShardedDataParallel::Unit {
   std::vector<int64_t> chunk_rows;               // rows per rank (ceil(rows / group size))
   std::vector<int64_t> chunk_numel;              // chunk_rows x the other dims
   int64_t chunk_total = 0;                       // sum of chunk_numel: one rank's flat share
-  int64_t next = -1;  // the unit whose all-gather is started when this one is gathered
-  // A started all-gather of this unit (prefetch): the receive buffer and its wait.
+  int64_t next = -1;  // forward: the unit whose all-gather starts when this one is gathered
+  int64_t prev = -1;  // backward: the unit whose regather starts when this one is regathered
+  // A started all-gather of this unit (prefetch): the buffers and the collective.
   at::Tensor prefetch_send, prefetch_recv;
-  std::function<void()> prefetch_wait;
+  CommWork prefetch_work;
   // Live state of the current forward.
   std::vector<at::Tensor> full;  // the gathered weights handed to the model (autograd outputs)
   std::vector<bool> handed;      // returned by weight() since the last gather
@@ -79,6 +80,22 @@ void match_rows(const at::Tensor& grid, int64_t off, int64_t c, const at::Tensor
 
 }  // namespace
 
+// A unit's reduce-scatter, started in backward: `send` is the full-size gradient buffer
+// (gloo sums it in place), `recv` this rank's shard of the sum.
+struct FullyShardedDataParallel::Reduction {
+  int64_t unit = -1;
+  at::Tensor send, recv;
+  CommWork work;
+  bool last = true;  // in the step's last backward: HSDP then all-reduces over replicas
+};
+
+// HSDP: a unit's shard gradients (flat, reduce dtype) being summed over the replicas.
+struct FullyShardedDataParallel::Replication {
+  int64_t unit = -1;
+  at::Tensor buf;
+  CommWork work;
+};
+
 // forward: shards -> full weights (all-gather); backward: full grads -> shard grads
 // (reduce-scatter).
 struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gather> {
@@ -94,10 +111,11 @@ struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gathe
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* self = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["self"].toInt());
     Unit& u = *self->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())];
-    variable_list out{at::Tensor(), at::Tensor()};
-    for (auto& g : self->reduce_scatter(u, grads)) out.push_back(g);
+    // The shard gradients arrive when the reduce-scatter is waited for (reduce_gradients),
+    // not through autograd, so backward goes on while it runs.
+    self->start_reduce_scatter(u, grads);
     self->release(u);  // reshard after backward
-    return out;
+    return variable_list(2 + u.params.size());
   }
 };
 
@@ -116,7 +134,13 @@ struct FullyShardedDataParallel::Regather : public torch::autograd::Function<Reg
     if (u.released) {
       std::vector<at::Tensor> shards;
       for (int64_t i : u.params) shards.push_back(self->model_.params()[i].value);
-      self->gather_into(u, shards, /*refill=*/true);
+      self->gather_into(u, shards, /*refill=*/true);  // uses the prefetch when one was started
+    }
+    // Start the regather of the block before this one: it runs while this block's backward
+    // computes. Every rank runs the same backward graph, so the order matches everywhere.
+    if (u.prev >= 0) {
+      Unit& p = *self->units_[static_cast<size_t>(u.prev)];
+      if (p.released) self->prefetch(p);
     }
     return {at::Tensor(), at::Tensor(), grads[0]};
   }
@@ -188,21 +212,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
       units_.push_back(std::move(u));
     }
   }
-  // Each unit prefetches the next one of its own process group.
+  // Each unit prefetches the next one of its own process group in forward; in backward a
+  // block unit prefetches the previous resharded one of its group.
   if (opts.prefetch)
     for (size_t a = 0; a < order.size(); ++a)
-      for (size_t b = a + 1; b < order.size(); ++b)
-        if (units_[static_cast<size_t>(order[b])]->group ==
-            units_[static_cast<size_t>(order[a])]->group) {
-          units_[static_cast<size_t>(order[a])]->next = order[b];
-          break;
-        }
-  if (mesh.replicate > 1) {
-    std::vector<at::Tensor> shards;
-    for (auto& p : params) shards.push_back(p.value);
-    replicate_sync_ =
-        std::make_unique<DataParallel>(*mesh.replicate_group, shards, opts.reduce_dtype);
-  }
+      for (size_t b = a + 1; b < order.size(); ++b) {
+        Unit& ua = *units_[static_cast<size_t>(order[a])];
+        Unit& ub = *units_[static_cast<size_t>(order[b])];
+        if (ub.group != ua.group) continue;
+        ua.next = order[b];
+        if (opts.backward_prefetch && ua.reshard_after_forward && ub.reshard_after_forward)
+          ub.prev = order[a];
+        break;
+      }
   model.set_weight_fn([this](int64_t i) { return weight(i); });
   model.set_block_done_fn([this](int64_t b, const at::Tensor& out) { return after_block(b, out); });
 }
@@ -219,10 +241,17 @@ int64_t FullyShardedDataParallel::num_units() const {
 std::string FullyShardedDataParallel::describe() const {
   std::ostringstream os;
   os << units_.size() << " units, " << (opts_.reshard_after_forward ? "" : "no ")
-     << "reshard after forward, " << (opts_.prefetch ? "" : "no ") << "prefetch, all-gather in "
+     << "reshard after forward, " << (opts_.prefetch ? "" : "no ") << "prefetch, "
+     << (opts_.backward_prefetch ? "" : "no ") << "backward prefetch, all-gather in "
      << c10::toString(opts_.param_dtype) << ", reduce-scatter in "
      << c10::toString(opts_.reduce_dtype);
-  if (replicate_sync_) os << ", then an all-reduce over " << mesh_.replicate << " replicas";
+  if (opts_.max_inflight_reductions > 0)
+    os << ", reduce-scatters waited for before the norm (at most "
+       << opts_.max_inflight_reductions << " in flight)";
+  else
+    os << ", reduce-scatters waited for at once";
+  if (mesh_.replicate > 1)
+    os << ", then an async all-reduce per unit over " << mesh_.replicate << " replicas";
   return os.str();
 }
 
@@ -233,14 +262,14 @@ at::Tensor FullyShardedDataParallel::pack(const Unit& u, const std::vector<at::T
 }
 
 void FullyShardedDataParallel::prefetch(Unit& u) {
-  if (u.prefetch_wait) return;
+  if (u.prefetch_work.pending() || u.prefetch_recv.defined()) return;
   at::NoGradGuard ng;
   std::vector<at::Tensor> shards;
   for (int64_t i : u.params) shards.push_back(model_.params()[i].value);
   u.prefetch_send = pack(u, shards);
   u.prefetch_recv =
       at::empty({u.group->size() * u.chunk_total}, u.prefetch_send.options().requires_grad(false));
-  u.prefetch_wait = u.group->all_gather_start(u.prefetch_recv, u.prefetch_send);
+  u.prefetch_work = u.group->all_gather_start(u.prefetch_recv, u.prefetch_send);
 }
 
 void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor>& shards,
@@ -249,10 +278,9 @@ void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor
   const int64_t n = u.group->size();
   const auto opt = shards[0].options().dtype(opts_.param_dtype).requires_grad(false);
   at::Tensor recv;
-  if (u.prefetch_wait && !refill) {  // started while the previous block computed
-    u.prefetch_wait();
+  if (u.prefetch_recv.defined()) {  // started while the neighbouring block computed
+    u.prefetch_work.wait();
     recv = u.prefetch_recv;
-    u.prefetch_wait = nullptr;
     u.prefetch_send = u.prefetch_recv = at::Tensor();
   } else {
     at::Tensor send = pack(u, shards);
@@ -286,32 +314,70 @@ void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor
   u.released = false;
 }
 
-std::vector<at::Tensor> FullyShardedDataParallel::reduce_scatter(
-    Unit& u, const std::vector<at::Tensor>& grads) {
+void FullyShardedDataParallel::start_reduce_scatter(Unit& u,
+                                                    const std::vector<at::Tensor>& grads) {
   at::NoGradGuard ng;
   const int64_t n = u.group->size();
   auto& params = model_.params().all();
   const auto opt =
       params[static_cast<size_t>(u.params[0])].value.options().dtype(opts_.reduce_dtype);
+  Reduction r;
+  r.unit = where_[static_cast<size_t>(u.params[0])].first;
+  r.last = last_micro_batch_;
   // The gather's layout, with zeros for padding rows and for weights that got no gradient.
-  at::Tensor send = at::zeros({n, u.chunk_total}, opt);
+  r.send = at::zeros({n, u.chunk_total}, opt);
   int64_t col = 0;
   for (size_t k = 0; k < u.params.size(); ++k) {
     if (k < grads.size() && grads[k].defined())
-      match_rows(send, col, u.chunk_rows[k], grads[k].contiguous(),
+      match_rows(r.send, col, u.chunk_rows[k], grads[k].contiguous(),
                  [](const at::Tensor& to, const at::Tensor& from) { to.copy_(from); });
     col += u.chunk_numel[k];
   }
-  at::Tensor recv = at::empty({u.chunk_total}, opt);
-  u.group->reduce_scatter(recv, send);
-  std::vector<at::Tensor> out;
+  r.recv = at::empty({u.chunk_total}, opt);
+  r.work = u.group->reduce_scatter_start(r.recv, r.send);
+  reductions_.push_back(std::move(r));
+  // Finish what is done already (never blocks), then bound the buffers held in flight.
+  while (!reductions_.empty() && reductions_.front().work.ready()) finish_oldest_reduction();
+  while (static_cast<int64_t>(reductions_.size()) > opts_.max_inflight_reductions)
+    finish_oldest_reduction();
+}
+
+// Waits for the oldest reduce-scatter and adds its shard gradients to the parameters' grads
+// (accumulating over micro-batches); in the last backward, HSDP then starts the replica
+// all-reduce. Always the oldest: every rank finishes, and so starts the all-reduces, in the
+// same order.
+void FullyShardedDataParallel::finish_oldest_reduction() {
+  at::NoGradGuard ng;
+  Reduction r = std::move(reductions_.front());
+  reductions_.erase(reductions_.begin());
+  r.work.wait();
+  r.send = at::Tensor();
+  Unit& u = *units_[static_cast<size_t>(r.unit)];
+  auto& params = model_.params().all();
   int64_t off = 0;
   for (size_t k = 0; k < u.params.size(); ++k) {
-    const Param& p = params[static_cast<size_t>(u.params[k])];
-    out.push_back(recv.narrow(0, off, u.chunk_numel[k]).view_as(p.value).to(p.value.scalar_type()));
+    at::Tensor p = params[static_cast<size_t>(u.params[k])].value;
+    at::Tensor g = r.recv.narrow(0, off, u.chunk_numel[k]).view_as(p).to(p.scalar_type());
+    if (p.grad().defined())
+      p.mutable_grad().add_(g);
+    else
+      p.mutable_grad() = g;
     off += u.chunk_numel[k];
   }
-  return out;
+  if (r.last && mesh_.replicate > 1) start_replication(r.unit);
+}
+
+void FullyShardedDataParallel::start_replication(int64_t unit) {
+  Unit& u = *units_[static_cast<size_t>(unit)];
+  auto& params = model_.params().all();
+  std::vector<at::Tensor> flat;
+  for (int64_t i : u.params) flat.push_back(params[static_cast<size_t>(i)].value.grad().reshape({-1}));
+  Replication rep;
+  rep.unit = unit;
+  rep.buf = at::cat(flat).to(opts_.reduce_dtype);
+  rep.work = mesh_.replicate_group->allreduce_start(rep.buf, ReduceOp::Sum);
+  if (opts_.max_inflight_reductions == 0) rep.work.wait();
+  replications_.push_back(std::move(rep));
 }
 
 void FullyShardedDataParallel::release(Unit& u) {
@@ -353,8 +419,28 @@ at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor
   return h;
 }
 
-void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>& params) {
-  if (replicate_sync_) replicate_sync_->reduce_gradients(params);
+void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) {
+  at::NoGradGuard ng;
+  while (!reductions_.empty()) finish_oldest_reduction();
+  auto& params = model_.params().all();
+  for (Replication& rep : replications_) {
+    rep.work.wait();
+    at::Tensor sum = rep.buf.to(at::kFloat);
+    int64_t off = 0;
+    for (int64_t i : units_[static_cast<size_t>(rep.unit)]->params) {
+      at::Tensor p = params[static_cast<size_t>(i)].value;
+      p.mutable_grad().copy_(sum.narrow(0, off, p.numel()).view_as(p));
+      off += p.numel();
+    }
+  }
+  replications_.clear();
+  // A backward prefetch nobody consumed (a block whose output got no gradient) holds the
+  // weights from before the optimizer step: finish it and drop it.
+  for (auto& u : units_) {
+    u->prefetch_work.wait();
+    u->prefetch_send = u->prefetch_recv = at::Tensor();
+  }
+  last_micro_batch_ = true;
 }
 
 void FullyShardedDataParallel::reduce_norm_sq(at::Tensor& norm_sq) {

@@ -25,7 +25,7 @@
 #include "core/grad_sync.h"
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "parallel/ddp.h"
+#include "parallel/process_group.h"
 #include "parallel/mesh.h"
 
 namespace titan {
@@ -34,7 +34,13 @@ struct FsdpOptions {
   at::ScalarType param_dtype = at::kFloat;   // dtype of the all-gather and of compute
   at::ScalarType reduce_dtype = at::kFloat;  // dtype of the gradient reduce-scatter
   bool reshard_after_forward = true;         // blocks only; the root units stay gathered
-  bool prefetch = true;                      // start the next unit's all-gather early
+  bool prefetch = true;           // forward: start the next unit's all-gather early
+  bool backward_prefetch = true;  // backward: start the previous block's regather early
+  // Reduce-scatters (and HSDP's replica all-reduces) started in backward and not yet waited
+  // for, at most; a new one first waits for the oldest beyond this (memory: each holds its
+  // unit's full-size gradient buffer until done). 0: no overlap, every reduce-scatter (and
+  // replica all-reduce) is waited for as soon as it starts.
+  int64_t max_inflight_reductions = 2;
 };
 
 class FullyShardedDataParallel : public GradSync {
@@ -45,7 +51,10 @@ class FullyShardedDataParallel : public GradSync {
   FullyShardedDataParallel(Model& model, Mesh& mesh, const FsdpOptions& opts);
   ~FullyShardedDataParallel() override;
 
-  // HSDP: sums the shard gradients over the replicate group (no-op without one).
+  void begin_micro_batch(bool last) override { last_micro_batch_ = last; }
+  // Waits for the reduce-scatters that backward started (and HSDP's replica all-reduces,
+  // started as each unit's reduce-scatter finishes in the last backward) and writes the
+  // shard gradients.
   void reduce_gradients(const std::vector<at::Tensor>& params) override;
   // Sums the squared norm of the local shards over the shard group.
   void reduce_norm_sq(at::Tensor& norm_sq) override;
@@ -60,6 +69,8 @@ class FullyShardedDataParallel : public GradSync {
   struct Unit;
   struct Gather;
   struct Regather;
+  struct Reduction;
+  struct Replication;
   // Cuts parameter i to this rank's rows and appends it to unit u (index ui).
   void shard_param(Unit& u, int64_t ui, int64_t i);
   at::Tensor weight(int64_t i);
@@ -67,7 +78,9 @@ class FullyShardedDataParallel : public GradSync {
   at::Tensor pack(const Unit& u, const std::vector<at::Tensor>& shards);
   void prefetch(Unit& u);
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
-  std::vector<at::Tensor> reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
+  void start_reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
+  void finish_oldest_reduction();
+  void start_replication(int64_t unit);
   void release(Unit& u);
 
   Model& model_;
@@ -76,7 +89,9 @@ class FullyShardedDataParallel : public GradSync {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::pair<int64_t, int64_t>> where_;  // param -> (unit, position in unit)
   std::vector<std::vector<int64_t>> block_units_;   // block -> its units
-  std::unique_ptr<DataParallel> replicate_sync_;    // HSDP
+  std::vector<Reduction> reductions_;  // in flight, in start order (the same on every rank)
+  std::vector<Replication> replications_;
+  bool last_micro_batch_ = true;
 };
 
 // Bytes of parameters and AdamW state held by this rank (what sharding divides).

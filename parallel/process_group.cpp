@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -41,6 +42,23 @@ namespace {
   std::fflush(stderr);
   std::_Exit(1);
 }
+
+// Microseconds blocked on collectives, over every group (ProcessGroup::comm_wait_ms).
+std::atomic<int64_t> g_wait_us{0};
+
+// Adds the lifetime of the scope to g_wait_us.
+class WaitTimer {
+ public:
+  WaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer() {
+    g_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - t0_)
+                     .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
 
 c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                int64_t rank, int64_t size, bool cuda, bool loopback,
@@ -191,6 +209,7 @@ void ProcessGroup::start_training() {
 
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
   if (!impl_->backend) return;
+  WaitTimer timer;
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
@@ -204,6 +223,7 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
 
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
   if (!impl_->backend) return;
+  WaitTimer timer;
   try {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
@@ -217,6 +237,7 @@ void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
 
 void ProcessGroup::barrier() {
   if (!impl_->backend) return;
+  WaitTimer timer;
   try {
     impl_->backend->barrier()->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {
@@ -224,16 +245,48 @@ void ProcessGroup::barrier() {
   }
 }
 
-void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& in) {
-  all_gather_start(out, in)();
+bool CommWork::ready() const { return !ready_ || ready_(); }
+
+void CommWork::wait() {
+  if (!wait_) return;
+  auto w = std::move(wait_);
+  wait_ = nullptr;
+  ready_ = nullptr;
+  WaitTimer timer;
+  w();
 }
 
-std::function<void()> ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
+double ProcessGroup::comm_wait_ms() { return static_cast<double>(g_wait_us.load()) / 1000.0; }
+
+CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
+                                 const std::string& what, std::function<void()> then) {
+  const int64_t rank = impl_->global_rank;
+  // NCCL: wait() only orders the current stream after the collective (its watchdog
+  // enforces the timeout); a bounded wait would block the host. gloo: bounded.
+  const auto timeout = impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout;
+  CommWork w;
+  w.ready_ = [work] { return work->isCompleted(); };
+  w.wait_ = [work, rank, timeout, what, then = std::move(then)] {
+    try {
+      work->wait(timeout);
+    } catch (const std::exception& e) {
+      die(rank, what, e);
+    }
+    if (then) then();
+  };
+  return w;
+}
+
+void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& in) {
+  all_gather_start(out, in).wait();
+}
+
+CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
               "all_gather: out must hold size() x in.numel() contiguous elements");
   if (!impl_->backend) {
     out.view(in.sizes()).copy_(in);
-    return [] {};
+    return {};
   }
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
@@ -248,43 +301,57 @@ std::function<void()> ProcessGroup::all_gather_start(at::Tensor& out, const at::
       std::vector<at::Tensor> ins{src};
       work = impl_->backend->allgather(outs, ins);
     }
-    const int64_t rank = impl_->global_rank;
-    // NCCL: wait() only orders the current stream after the collective (its watchdog
-    // enforces the timeout); a bounded wait would block the host. gloo: bounded.
-    const auto timeout = impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout;
-    return [work, rank, timeout] {
-      try {
-        work->wait(timeout);
-      } catch (const std::exception& e) {
-        die(rank, "all-gather", e);
-      }
-    };
+    return make_work(work, "all-gather", nullptr);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-gather", e);
   }
 }
 
+CommWork ProcessGroup::allreduce_start(at::Tensor& t, ReduceOp op) {
+  if (!impl_->backend) return {};
+  try {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+    return make_work(impl_->backend->allreduce(v, o), "all-reduce", nullptr);
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "all-reduce", e);
+  }
+}
+
 void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
+  at::Tensor sum = in.contiguous().clone();
+  reduce_scatter_start(out, sum).wait();
+}
+
+CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(in.numel() == out.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
               "reduce_scatter: in must hold size() x out.numel() contiguous elements");
   if (!impl_->backend) {
     out.copy_(in.view(out.sizes()));
-    return;
+    return {};
   }
   if (!impl_->cuda) {
     // gloo's reduce-scatter is an all-reduce plus a copy whose inner wait ignores timeouts
     // (a hung peer would hang us); the same all-reduce through our bounded path.
-    at::Tensor sum = in.reshape({-1}).clone();
-    allreduce(sum, ReduceOp::Sum);
-    out.view({-1}).copy_(sum.narrow(0, rank_ * out.numel(), out.numel()));
-    return;
+    at::Tensor flat = in.view({-1});
+    CommWork w = allreduce_start(flat, ReduceOp::Sum);
+    auto then = [out, flat, r = rank_]() mutable {
+      out.view({-1}).copy_(flat.narrow(0, r * out.numel(), out.numel()));
+    };
+    auto inner = std::move(w.wait_);
+    w.wait_ = [inner = std::move(inner), then]() mutable {
+      inner();
+      then();
+    };
+    return w;
   }
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
-    impl_->backend->_reduce_scatter_base(dst, src, o)
-        ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
+    return make_work(impl_->backend->_reduce_scatter_base(dst, src, o), "reduce-scatter",
+                     nullptr);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "reduce-scatter", e);
   }
@@ -300,6 +367,7 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
+    WaitTimer timer;
     impl_->backend->alltoall_base(out, src, os, is)
         ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {

@@ -18,9 +18,30 @@
 #include "core/config.h"
 #include "parallel/launch_env.h"
 
+namespace c10d {
+class Work;
+}
+
 namespace titan {
 
 enum class ReduceOp { Sum, Max };
+
+// A started collective. wait() blocks until it is done (bounded by the group's timeout; a
+// failure ends the process like a blocking collective) and then runs its completion, once.
+// ready() says, without blocking, whether wait() would return at once. On NCCL the
+// collective runs on NCCL's stream and wait() only orders the current stream after it.
+class CommWork {
+ public:
+  CommWork() = default;
+  bool pending() const { return static_cast<bool>(wait_); }
+  bool ready() const;
+  void wait();
+
+ private:
+  friend class ProcessGroup;
+  std::function<bool()> ready_;
+  std::function<void()> wait_;
+};
 
 class ProcessGroup {
  public:
@@ -57,12 +78,23 @@ class ProcessGroup {
   void barrier();
   // out (size() * in.numel(), contiguous) = the concatenation of every rank's `in`.
   void all_gather(at::Tensor& out, const at::Tensor& in);
-  // all_gather, started and not waited for: the returned function waits (once). On NCCL
-  // the collective runs on NCCL's own stream and waiting only orders the current stream
-  // after it; on gloo it runs in the backend's worker thread. `out` and `in` must stay alive.
-  std::function<void()> all_gather_start(at::Tensor& out, const at::Tensor& in);
+  // The same collectives started and not waited for (CommWork::wait finishes them). On NCCL
+  // they run on NCCL's own stream; on gloo in the backend's worker threads. The tensors must
+  // stay alive and untouched until the wait. Every rank must start a group's collectives in
+  // the same order (blocking or not).
+  CommWork all_gather_start(at::Tensor& out, const at::Tensor& in);
+  CommWork allreduce_start(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   // out (in.numel() / size()) = the sum over ranks of this rank's chunk of `in`.
   void reduce_scatter(at::Tensor& out, const at::Tensor& in);
+  // reduce_scatter started; on gloo `in` is summed in place (an all-reduce) and `out` is a
+  // copy of this rank's chunk of it, written by the wait.
+  CommWork reduce_scatter_start(at::Tensor& out, at::Tensor& in);
+
+  // Milliseconds this process has spent blocked on collectives (blocking calls, and the
+  // part of CommWork::wait that found the collective unfinished), summed over every group
+  // since the start: the communication that compute did not hide. Host time: on NCCL the
+  // waits do not block the host, so there it counts only host-side collectives.
+  static double comm_wait_ms();
   // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
@@ -76,6 +108,8 @@ class ProcessGroup {
 
  private:
   ProcessGroup() = default;
+  CommWork make_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
+                     std::function<void()> then);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t rank_ = 0, size_ = 1;

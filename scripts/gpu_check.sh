@@ -70,12 +70,23 @@ step "NCCL DDP: a world_size=1 process group through torchrun (store, config has
 train nccl_ddp "$venv/bin/torchrun" --standalone --nproc_per_node 1 --no-python ./build-gpu/titan-train \
   --config configs/llama3_debug.toml "${common[@]}" --training.local_batch_size 8 --training.seq_len 512
 grep -q "DDP (replicated)" "$out/nccl_ddp.log" || { echo "FAILED: the DDP run did not take the DDP path"; exit 1; }
+grep -q "all-reduced during backward" "$out/nccl_ddp.log" || { echo "FAILED: DDP without backward hooks"; exit 1; }
 
 step "NCCL FSDP on one GPU (TITAN_FORCE_FSDP=1: bf16 all-gathers with prefetch on NCCL's stream, reduce-scatter, reshard after forward)"
 TITAN_FORCE_FSDP=1 train nccl_fsdp "$venv/bin/torchrun" --standalone --nproc_per_node 1 --no-python \
   ./build-gpu/titan-train --config configs/llama3_debug.toml "${common[@]}" \
   --training.local_batch_size 8 --training.seq_len 512
 grep -q "FSDP, dp_replicate 1 x dp_shard 1" "$out/nccl_fsdp.log" || { echo "FAILED: the FSDP run did not shard"; exit 1; }
+grep -q "prefetch, backward prefetch" "$out/nccl_fsdp.log" || { echo "FAILED: FSDP without backward prefetch"; exit 1; }
+
+step "NCCL FSDP with prefetch, async reduce-scatters, full activation checkpointing and 2 micro-batches"
+TITAN_FORCE_FSDP=1 train nccl_fsdp_overlap "$venv/bin/torchrun" --standalone --nproc_per_node 1 --no-python \
+  ./build-gpu/titan-train --config configs/llama3_debug.toml "${common[@]}" \
+  --training.local_batch_size 4 --training.global_batch_size 8 --training.seq_len 512 \
+  --activation_checkpoint.mode full
+grep -q "reduce-scatters waited for before the norm" "$out/nccl_fsdp_overlap.log" ||
+  { echo "FAILED: the FSDP run did not defer its reduce-scatters"; exit 1; }
+grep -q "comm_wait_ms" "$out/nccl_fsdp_overlap.log" || { echo "FAILED: no comm_wait_ms"; exit 1; }
 
 step "benchmark: one MoE layer, loop vs grouped_mm, forward+backward, bf16"
 TITAN_SKIP_BUILD=1 TITAN_BUILD_DIR=build-gpu timeout 90 bash scripts/bench_moe.sh >"$out/bench_moe.log" 2>&1 || {

@@ -166,6 +166,74 @@ TEST_CASE("layouts 1 rank and DDP 2 and FSDP 2 and HSDP 2x2 agree over 20 steps"
   }
 }
 
+TEST_CASE("overlapped FSDP, HSDP and DDP with checkpointing and accumulation match 1 rank",
+          "[dist][app][slow]") {
+  // The overlap paths: FSDP prefetches the next unit in forward and the previous one in
+  // backward, reduce-scatters are waited for only before the norm (at most 2 in flight), HSDP
+  // all-reduces each unit over the replicas as its reduce-scatter ends, and DDP all-reduces
+  // each bucket from the post-accumulate-grad hooks. Global batch 8 in 2 micro-batches (4 on
+  // 4 ranks) with every block recomputed; the reference is 1 rank with the same flags.
+  // Tolerance: 1e-5 relative, as for the plain layouts (the sums are the same, only the
+  // order of fp32 additions differs).
+  struct Layout {
+    const char* name;
+    int nproc;
+    std::string flags;
+    const char* describes;
+  };
+  const std::vector<Layout> layouts = {
+      {"fsdp2", 2, "--training.local_batch_size 2", "reduce-scatters waited for before the norm"},
+      {"fsdp4", 4, "--training.local_batch_size 1", "prefetch"},
+      {"hsdp22", 4,
+       "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2",
+       "async all-reduce per unit over 2 replicas"},
+      {"ddp2", 2,
+       "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
+       "--parallelism.data_parallel_shard_degree 1",
+       "all-reduced during backward"},
+  };
+  const std::string common = kSmall +
+                             "--training.steps 8 --debug.seed 5 --training.global_batch_size 8 "
+                             "--activation_checkpoint.mode full ";
+  test::TempDir one("overlap1");
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  auto ref = read_metrics(one.file("metrics.jsonl"));
+  REQUIRE(ref.size() == 8);
+  for (const Layout& l : layouts) {
+    DYNAMIC_SECTION(l.name) {
+      test::TempDir dir(l.name);
+      auto r =
+          torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains(l.describes));
+      CHECK_THAT(r.out, Contains("comm_wait_ms: "));
+      auto m = read_metrics(dir.file("metrics.jsonl"));
+      REQUIRE(m.size() == 8);
+      double worst_loss = 0, worst_norm = 0;
+      for (auto& [step, s] : ref) {
+        const Step& t = m.at(step);
+        worst_loss = std::max(worst_loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
+        worst_norm =
+            std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
+      }
+      double wait = 0;
+      for (auto& [step, j] : test::training_metrics(dir.file("metrics.jsonl"))) {
+        REQUIRE(j.contains("comm_wait_ms"));
+        CHECK(j["comm_wait_ms"].get<double>() >= 0);
+        wait += j["comm_wait_ms"].get<double>();
+      }
+      WARN(l.name << " (AC full, 2 micro-batches) vs 1 rank over 8 steps: loss " << worst_loss
+                  << ", grad norm " << worst_norm << "; mean comm_wait_ms " << wait / 8);
+      CHECK(worst_loss < 1e-5);
+      CHECK(worst_norm < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("expert parallelism ep 1 and 2 and 4 at dp_shard 4 give the same losses",
           "[dist][app][slow][moe]") {
   // deepseek_v3 debugmodel (8 experts) on 4 ranks. ep = 2: each rank holds 4 experts,
@@ -323,13 +391,18 @@ TEST_CASE("a dead or hung rank makes the others exit non-zero within the timeout
   const int timeout_s = 10;
   // Rank 1 killed, rank 1 stopped (a hang: its sockets stay open), and rank 0 killed (the
   // rank that hosts the store).
-  const std::vector<std::pair<int, int>> cases = {{1, SIGKILL}, {1, SIGSTOP}, {0, SIGKILL}};
-  for (const auto& [victim, sig] : cases) {
-    DYNAMIC_SECTION("rank " << victim << " signal " << sig) {
+  // FSDP 2 (the default layout) keeps prefetches and reduce-scatters in flight; the DDP
+  // cases have bucket all-reduces in flight from the backward hooks.
+  const std::string ddp =
+      "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 ";
+  const std::vector<std::tuple<int, int, std::string>> cases = {
+      {1, SIGKILL, ""}, {1, SIGSTOP, ""}, {0, SIGKILL, ""}, {1, SIGKILL, ddp}, {1, SIGSTOP, ddp}};
+  for (const auto& [victim, sig, layout] : cases) {
+    DYNAMIC_SECTION("rank " << victim << " signal " << sig << (layout.empty() ? "" : " ddp")) {
       test::TempDir dir("ddpfail");
-      const int port = free_port(sig + 50 * victim);
+      const int port = free_port(sig + 50 * victim + (layout.empty() ? 0 : 7));
       const std::string args =
-          "--training.steps 100000 --training.local_batch_size 2 "
+          layout + "--training.steps 100000 --training.local_batch_size 2 "
           "--comm.train_timeout_seconds " +
           std::to_string(timeout_s) + " --job.dump_folder " + dir.path.string();
       Rank ranks[2] = {spawn_rank(0, 2, port, args, dir.path.string()),
