@@ -57,8 +57,8 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
     for (size_t k = 0; k < micro.size(); ++k) {
       const MicroBatch& mb = micro[k];
       if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
-      at::Tensor logits = model.forward(mb.tokens);
-      at::Tensor loss = token_loss_sum(logits, mb.labels) / o.global_tokens;
+      // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
+      at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
       at::Tensor aux = model.aux_loss();
       at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
       objective.backward();

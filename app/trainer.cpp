@@ -448,7 +448,7 @@ void Trainer::validate(int64_t step) {
   int64_t tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
     MicroBatch b = vr.next();
-    sum += token_loss_sum(model_->forward(b.tokens), b.labels).to(at::kDouble);
+    sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);
     tokens += b.labels.numel();
   }
   if (pg_) {  // each rank scored its own windows

@@ -1,15 +1,18 @@
 #include "core/functional.h"
 
+#include "core/ops.h"
+
 namespace titan {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  // ATen's kernel upcasts internally; one op instead of five keeps the autograd graph small.
-  return at::rms_norm(x, {x.size(-1)}, w.to(x.scalar_type()), eps);
+  // One fused autograd node (core/ops.h): fp32 math, saves only x, w and the inverse RMS.
+  return ops::rms_norm(x, w, eps);
 }
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {
-  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
+  // silu(a) * b as one node: silu(a) is neither stored for backward nor materialized twice.
+  return at::linear(ops::swiglu_act(at::linear(x, w1), at::linear(x, w3)), w2);
 }
 
 at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {

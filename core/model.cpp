@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "core/counter_rng.h"
+#include "core/functional.h"
+#include "core/fused_loss.h"
 
 namespace titan {
 
@@ -110,7 +112,33 @@ void Model::init_weights(uint64_t seed) {
 at::Tensor Model::weight(int64_t i) const {
   if (weight_fn_) return weight_fn_(i);
   const at::Tensor& p = params_[i].value;
-  return p.scalar_type() == compute_dtype_ ? p : p.to(compute_dtype_);
+  if (p.scalar_type() == compute_dtype_) return p;
+  if (!at::GradMode::is_enabled()) return p.to(compute_dtype_);
+  // One cast per optimizer step, not per micro-batch: the cast is kept with the master's
+  // version counter, which the optimizer's in-place update (or a load) bumps. Every
+  // micro-batch's backward flows through the same cast node (it saves no tensor, so that is
+  // allowed) into the master's gradient.
+  if (cast_cache_.size() < static_cast<size_t>(params_.size()))
+    cast_cache_.resize(static_cast<size_t>(params_.size()));
+  auto& c = cast_cache_[static_cast<size_t>(i)];
+  if (!c.master.is_same(p) || c.version != p._version() ||
+      c.cast.scalar_type() != compute_dtype_) {
+    c.cast = p.to(compute_dtype_);
+    c.master = p;
+    c.version = p._version();
+  }
+  return c.cast;
+}
+
+at::Tensor Model::forward(const at::Tensor& tokens) {
+  Head o = forward_head(tokens);
+  return at::linear(o.h, o.w);  // (B, T, V)
+}
+
+at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
+  Head o = forward_head(tokens);
+  if (!fused_loss_) return titan::token_loss_sum(at::linear(o.h, o.w), labels);
+  return fused_linear_cross_entropy(o.h, o.w, labels);
 }
 
 void Model::add_block(std::vector<int64_t> params, BlockFn fn) {

@@ -140,7 +140,16 @@ class Model {
   virtual ~Model() = default;
 
   // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype.
-  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  at::Tensor forward(const at::Tensor& tokens);
+  // The training and validation loss: the sum over tokens of the fp32 cross-entropy of the
+  // logits against labels (B, T) (label -100 ignored), as a 0-d fp32 tensor. By default the
+  // output projection and the loss run fused and chunked over tokens (core/fused_loss.h), so
+  // the (B, T, vocab) logits never exist; the same numbers as
+  // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding.
+  at::Tensor token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels);
+  // false: token_loss_sum materializes the logits (the reference path, for tests/benchmarks).
+  void set_fused_loss(bool on) { fused_loss_ = on; }
+  bool fused_loss() const { return fused_loss_; }
   virtual const ModelInfo& info() const = 0;
   // Re-initializes every parameter from `seed` (torchtitan's scheme, docs/models.md) and
   // resets the training state buffers.
@@ -181,6 +190,13 @@ class Model {
   void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
 
  protected:
+  // What forward computes before the output projection: the final normed hidden state
+  // h (B, T, D) and the output weight W (V, D) (the embedding table when tied), both in
+  // compute form. The logits are h W^T.
+  struct Head {
+    at::Tensor h, w;
+  };
+  virtual Head forward_head(const at::Tensor& tokens) = 0;
   // Zeroes the training-state buffers (MoE expert biases and counts).
   virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
@@ -206,6 +222,13 @@ class Model {
   std::function<bool(int64_t)> recompute_;
   std::function<void(at::Tensor&)> dp_allreduce_;
   std::function<at::Tensor(int64_t, const at::Tensor&)> block_done_;
+  bool fused_loss_ = true;
+  // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
+  struct CachedCast {
+    at::Tensor cast, master;  // master: the parameter tensor it was cast from
+    int64_t version = -1;
+  };
+  mutable std::vector<CachedCast> cast_cache_;
 
  private:
   std::vector<std::vector<int64_t>> block_params_;

@@ -30,7 +30,7 @@ RopeTables yarn_rope_tables(const DeepSeekV3Args& a, at::Device device) {
     freqs = freqs / a.rope_factor * (1 - smooth) + freqs * smooth;
   }
   at::Tensor angles = at::outer(at::arange(a.max_seq_len, f32), freqs);  // (T, dim/2)
-  return {at::polar(at::ones_like(angles), angles).to(device)};
+  return rope_tables_from_angles(angles, device);
 }
 
 double mla_softmax_scale(const DeepSeekV3Args& a) {
@@ -210,7 +210,7 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   return y + swiglu(z, w[k], w[k + 1], w[k + 2]);
 }
 
-at::Tensor DeepSeekV3::forward(const at::Tensor& tokens) {
+Model::Head DeepSeekV3::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
   at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
@@ -221,7 +221,7 @@ at::Tensor DeepSeekV3::forward(const at::Tensor& tokens) {
                          ? 0.0078125
                          : static_cast<double>(std::numeric_limits<float>::epsilon());
   h = rms_norm(h, weight(norm_), eps);
-  return at::linear(h, weight(output_));  // (B, T, V)
+  return {h, weight(output_)};
 }
 
 }  // namespace titan

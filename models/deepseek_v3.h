@@ -50,9 +50,11 @@ std::vector<std::string> deepseek_v3_flavor_names();
 class DeepSeekV3 : public MoETransformer {
  public:
   DeepSeekV3(const DeepSeekV3Args& args, at::Device device);  // throws UserError for bad args
-  at::Tensor forward(const at::Tensor& tokens) override;
   const ModelInfo& info() const override { return info_; }
   const DeepSeekV3Args& args() const { return args_; }
+
+ protected:
+  Head forward_head(const at::Tensor& tokens) override;
 
  private:
   struct LayerIdx {

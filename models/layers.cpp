@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/ops.h"
+
 namespace titan {
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, const RopeScaling& s,
@@ -32,31 +34,28 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta, cons
   }
   at::Tensor t = at::arange(max_seq_len, opts.dtype(at::kFloat));
   at::Tensor angles = at::outer(t, freqs.to(at::kFloat));  // (T, D/2), fp32 like torchtitan
-  return {at::polar(at::ones_like(angles), angles).to(device)};
+  return rope_tables_from_angles(angles, device);
+}
+
+RopeTables rope_tables_from_angles(const at::Tensor& angles, at::Device device) {
+  // torch.polar(1, angle) is (cos angle, sin angle), so these are the complex table's parts.
+  return {at::cos(angles).contiguous().to(device), at::sin(angles).contiguous().to(device)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
-  // Adjacent pairs as complex numbers times e^(i * angle): one complex multiply.
-  const int64_t T = x.size(1), D = x.size(3);
-  at::Tensor xc =
-      at::view_as_complex(x.to(at::kFloat).reshape({x.size(0), T, x.size(2), D / 2, 2}));
-  at::Tensor f = rope.cis.slice(0, 0, T).view({1, T, 1, D / 2});
-  return at::view_as_real(xc * f).flatten(3).to(x.scalar_type());
+  return ops::apply_rope(x, rope.cos, rope.sin);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
-  at::Tensor qt = q.transpose(1, 2);  // (B, H, T, D)
-  at::Tensor kt = k.transpose(1, 2);
-  at::Tensor vt = v.transpose(1, 2);
-  if (Hkv != H) {  // repeat each kv head H/Hkv times
-    const int64_t rep = H / Hkv;
-    kt = kt.unsqueeze(2).expand({B, Hkv, rep, T, k.size(3)}).reshape({B, H, T, k.size(3)});
-    vt = vt.unsqueeze(2).expand({B, Hkv, rep, T, v.size(3)}).reshape({B, H, T, v.size(3)});
-  }
-  at::Tensor o = at::scaled_dot_product_attention(qt, kt, vt, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                  /*is_causal=*/true, scale);
+  // (B, heads, T, D) views. With Hkv < H, SDPA's enable_gqa lets each group of H / Hkv query
+  // heads read its kv head in place (the CPU flash kernel and the CUDA kernels support it), so
+  // K and V are never expanded and copied to H heads.
+  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), /*attn_mask=*/{},
+                                                  /*dropout_p=*/0.0, /*is_causal=*/true, scale,
+                                                  /*enable_gqa=*/Hkv != H);
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 

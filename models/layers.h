@@ -15,15 +15,20 @@ struct RopeScaling {
   int64_t original_max_seq_len = 8192;
 };
 
-// Rotary embedding table e^(i * t * freq): (max_seq_len, head_dim / 2), complex64.
+// Rotary embedding tables cos(t * freq) and sin(t * freq): (max_seq_len, head_dim / 2) fp32
+// each, the real and imaginary parts of torchtitan's complex e^(i * t * freq) table.
 struct RopeTables {
-  at::Tensor cis;
+  at::Tensor cos, sin;
 };
+// The tables of angles (max_seq_len, head_dim / 2) fp32, on `device`.
+RopeTables rope_tables_from_angles(const at::Tensor& angles, at::Device device);
 RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
                        const RopeScaling& scaling, at::Device device);
 
-// Rotates adjacent pairs (x[2i], x[2i+1]) of the last dim, as torchtitan's complex form does.
-// x: (B, T, H, D); tables are sliced to T. Computed in fp32, returned in x's dtype.
+// Rotates adjacent pairs (x[2i], x[2i+1]) of the last dim, as torchtitan's complex form does,
+// with the fused op of core/ops.h (one autograd node, no fp32 copy of x). x: (B, T, H, D), any
+// strides with unit stride in D; rows 0..T-1 of the tables are used. Math in fp32, returned
+// contiguous in x's dtype.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
 // Causal self-attention core. q: (B, T, H, Dqk), k: (B, T, Hkv, Dqk), v: (B, T, Hkv, Dv) ->

@@ -113,13 +113,13 @@ at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) 
   return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
 }
 
-at::Tensor Llama3::forward(const at::Tensor& tokens) {
+Model::Head Llama3::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   at::Tensor emb = weight(tok_emb_);
   at::Tensor h = at::embedding(emb, tokens);  // (B, T, D)
   h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
-  return at::linear(h, output_ >= 0 ? weight(output_) : emb);  // (B, T, V)
+  return {h, output_ >= 0 ? weight(output_) : emb};
 }
 
 }  // namespace titan

@@ -42,9 +42,11 @@ std::vector<std::string> llama3_flavor_names();
 class Llama3 : public Model {
  public:
   Llama3(const Llama3Args& args, at::Device device);
-  at::Tensor forward(const at::Tensor& tokens) override;
   const ModelInfo& info() const override { return info_; }
   const Llama3Args& args() const { return args_; }
+
+ protected:
+  Head forward_head(const at::Tensor& tokens) override;
 
  private:
   struct LayerIdx {

@@ -130,13 +130,13 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
   return y + swiglu(z, w[6], w[7], w[8]);
 }
 
-at::Tensor Llama4::forward(const at::Tensor& tokens) {
+Model::Head Llama4::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
   at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
   h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
-  return at::linear(h, weight(output_));  // (B, T, V)
+  return {h, weight(output_)};
 }
 
 }  // namespace titan

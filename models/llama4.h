@@ -41,9 +41,11 @@ std::vector<std::string> llama4_flavor_names();
 class Llama4 : public MoETransformer {
  public:
   Llama4(const Llama4Args& args, at::Device device);  // throws UserError for bad MoE args
-  at::Tensor forward(const at::Tensor& tokens) override;
   const ModelInfo& info() const override { return info_; }
   const Llama4Args& args() const { return args_; }
+
+ protected:
+  Head forward_head(const at::Tensor& tokens) override;
 
  private:
   struct LayerIdx {

@@ -13,6 +13,7 @@ Dispatch plan_dispatch(const at::Tensor& experts, int64_t num_experts, int64_t a
   // Stable, so rows of one expert keep token order (torchtitan's argsort(stable=True)).
   auto [sorted, order] = at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
   d.order = order;
+  d.tokens = order.div(d.top_k, "floor");
   // ends[e] = number of rows with expert <= e: a binary search per expert, no histogram
   // kernel (histc does not take int64 on CPU; bincount syncs for its output size).
   at::Tensor ids = at::arange(num_experts, experts.options());
@@ -37,7 +38,15 @@ Dispatch plan_dispatch(const at::Tensor& experts, int64_t num_experts, int64_t a
 }
 
 at::Tensor permute_tokens(const at::Tensor& x, const Dispatch& d) {
-  return x.index_select(0, d.order.div(d.top_k, "floor"));  // (N, D)
+  return x.index_select(0, d.tokens);  // (N, D)
+}
+
+at::Tensor combine_tokens(const at::Tensor& y, const at::Tensor& weights, const Dispatch& d) {
+  const int64_t T = y.size(0) / d.top_k;
+  at::Tensor src = y.to(at::kFloat);  // (N, D), no copy in fp32
+  if (weights.defined()) src = src * weights.unsqueeze(1);
+  // index_add's gradient to src is a gather of the (T, D) gradient: no (N, D) zeros either way.
+  return at::zeros({T, y.size(1)}, src.options()).index_add(0, d.tokens, src).to(y.scalar_type());
 }
 
 at::Tensor unpermute_tokens(const at::Tensor& y, const Dispatch& d) {

@@ -12,6 +12,7 @@ struct Dispatch {
   int64_t top_k = 0;
   at::Tensor order;   // (N,) int64, N = T*K: slot t*K + k of each row in expert order (stable)
   at::Tensor counts;  // (E,) int64: rows per expert
+  at::Tensor tokens;  // (N,) int64: the token (order / K) of each row in expert order
   // The aligned layout (align > 0): each expert's group padded with zero rows to a multiple
   // of `align` rows (at least `align`), groups back to back in expert order.
   int64_t align = 0;
@@ -27,6 +28,10 @@ Dispatch plan_dispatch(const at::Tensor& experts, int64_t num_experts, int64_t a
 at::Tensor permute_tokens(const at::Tensor& x, const Dispatch& d);
 // y: (N, D) in expert order -> (T, K, D) back in slot order.
 at::Tensor unpermute_tokens(const at::Tensor& y, const Dispatch& d);
+// y: (N, D) in expert order, weights: (N,) fp32 per row or undefined (all 1) -> (T, D) in y's
+// dtype: out[t] = sum of weights[i] * y[i] over the K rows i of token t, accumulated in fp32
+// by one index_add into (T, D). Replaces a zero (N, D) scatter plus a (T, K, D) reduction.
+at::Tensor combine_tokens(const at::Tensor& y, const at::Tensor& weights, const Dispatch& d);
 // (N, D) in expert order -> (M, D) aligned layout; padding rows are zero.
 at::Tensor pad_groups(const at::Tensor& x_sorted, const Dispatch& d);
 // (M, D) aligned layout -> (N, D) in expert order.

@@ -69,7 +69,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
 
   at::Tensor out_sorted;
   if (ep_) {
-    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d);
+    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d, mode, recompute);
   } else if (grouped) {
     out_sorted = grouped_experts(routed, w1, w2, w3, d);
   } else {
@@ -89,15 +89,10 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   at::Tensor shared;
   if (sw1_ >= 0) shared = swiglu(x, w[k], w[k + 1], w[k + 2]);  // (T, D)
 
-  at::Tensor per_slot = unpermute_tokens(out_sorted, d);  // (T, K, D)
-  at::Tensor out;
-  if (args_.score_before_experts) {
-    out = per_slot.sum(1);
-  } else {
-    out = at::bmm(r.top_scores.reshape({-1, 1, K}), per_slot.to(at::kFloat))
-              .to(x.scalar_type())
-              .squeeze(1);  // (T, D)
-  }
+  // (T, D): each token's K expert outputs, weighted by their scores unless the scores were
+  // applied before the experts.
+  at::Tensor out = combine_tokens(
+      out_sorted, args_.score_before_experts ? at::Tensor() : top_sorted.to(at::kFloat), d);
   if (shared.defined()) out = shared + out;
 
   TORCH_CHECK(!(args_.seq_aux_loss_coeff > 0 && mode.training && mode.checkpointed),
@@ -121,18 +116,26 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
 
 at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
                                              const at::Tensor& w2, const at::Tensor& w3,
-                                             const Dispatch& d) {
-  // The exchange's host read of the split sizes is expert parallelism's named sync.
-  ExpertExchange::Received got = ep_->dispatch(routed, d.counts);
+                                             const Dispatch& d, Mode mode, bool recompute) {
+  // The exchange's host read of the split sizes is expert parallelism's named sync; a
+  // recompute reuses the checkpointed forward's splits (the routing is the same).
+  std::vector<int64_t> known;
+  if (recompute && !pending_counts_.empty()) {
+    known = std::move(pending_counts_.front());
+    pending_counts_.pop_front();
+  }
+  ExpertExchange::Received got = ep_->dispatch(routed, d.counts, known.empty() ? nullptr : &known);
+  if (mode.checkpointed && !recompute) pending_counts_.push_back(got.splits);
   const int64_t El = static_cast<int64_t>(got.local_counts.size());
   TORCH_CHECK(w1.size(0) == El, "expert parallelism: this rank holds ", w1.size(0),
               " experts but receives rows for ", El);
   at::Tensor y;
   if (args_.backend == ExpertsBackend::GroupedMM) {
     const auto idx = at::TensorOptions().dtype(at::kLong).device(routed.device());
-    at::Tensor ids = at::repeat_interleave(at::arange(El, idx),
-                                           at::tensor(got.local_counts, idx.device(at::kCPU))
-                                               .to(routed.device()));
+    // output_size: the row count is known on the host, so repeat_interleave needs no sync.
+    at::Tensor ids = at::repeat_interleave(
+        at::arange(El, idx), at::tensor(got.local_counts, idx.device(at::kCPU)).to(routed.device()),
+        /*dim=*/0, /*output_size=*/got.rows.size(0));
     Dispatch local = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(args_.backend));
     y = grouped_experts(got.rows, w1, w2, w3, local);
   } else {

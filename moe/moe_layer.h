@@ -84,8 +84,12 @@ class MoELayer {
   // The routed experts under expert parallelism: rows out to the ranks holding their
   // experts, this rank's experts, rows home.
   at::Tensor expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
-                                     const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d);
+                                     const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
+                                     Mode mode, bool recompute);
 
+  // The host integers of the layer's one named sync per forward: the loop backend's counts,
+  // or expert parallelism's split sizes. A checkpointed forward leaves them here for its
+  // recompute, which then makes no host read (and, under EP, no counts exchange).
   std::deque<std::vector<int64_t>> pending_counts_;
   at::Tensor aux_;
   std::shared_ptr<ExpertExchange> ep_;

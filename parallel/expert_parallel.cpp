@@ -51,24 +51,26 @@ class ProcessGroupExchange : public ExpertExchange {
   int64_t size() const override { return pg_.size(); }
   int64_t rank() const override { return pg_.rank(); }
 
-  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts) override {
+  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts,
+                    const std::vector<int64_t>* known_splits) override {
     const int64_t P = pg_.size(), E = counts.size(0), El = E / P;
     TORCH_CHECK(El * P == E, "expert parallelism: ", E, " experts over ", P, " ranks");
-    // 1. Counts: recv_counts[src * El + j] = rows rank src sends to local expert j.
-    at::Tensor send_counts = counts.to(at::kLong).contiguous();
-    at::Tensor recv_counts = at::empty({E}, send_counts.options());
-    const std::vector<int64_t> even(static_cast<size_t>(P), El);
-    {
-      at::NoGradGuard ng;
-      pg_.all_to_all(recv_counts, send_counts, even, even);
+    Received r;
+    if (known_splits) {
+      TORCH_CHECK(static_cast<int64_t>(known_splits->size()) == 2 * E,
+                  "expert parallelism: cached splits for another expert count");
+      r.splits = *known_splits;
+    } else {
+      r.splits = exchange_counts(counts, P, El);
     }
-    // 2. The expert-parallel host sync: the row splits must be host integers.
-    at::Tensor both = at::cat({send_counts, recv_counts}).to(at::kCPU);
-    const int64_t* c = both.data_ptr<int64_t>();
+    const int64_t* c = r.splits.data();
+    at::Tensor recv_counts =
+        at::tensor(std::vector<int64_t>(r.splits.begin() + E, r.splits.end()),
+                   at::TensorOptions().dtype(at::kLong))
+            .to(x_sorted.device());
     auto plan = std::make_shared<Plan>();
     plan->in_splits.assign(static_cast<size_t>(P), 0);
     plan->out_splits.assign(static_cast<size_t>(P), 0);
-    Received r;
     r.local_counts.assign(static_cast<size_t>(El), 0);
     for (int64_t s = 0; s < P; ++s)
       for (int64_t j = 0; j < El; ++j) {
@@ -80,11 +82,23 @@ class ProcessGroupExchange : public ExpertExchange {
     at::Tensor recv = AllToAll::apply(x_sorted, reinterpret_cast<int64_t>(&pg_), plan->out_splits,
                                       plan->in_splits)[0];  // (R, D): [src][local expert]
     // 4. Regroup [src][expert] -> [expert][src].
-    auto [perm, inv] = regroup(c + E, P, El, x_sorted.device());
+    auto [perm, inv] = regroup(recv_counts, P, El, recv.size(0));
     plan->inv = inv;
     r.rows = recv.index_select(0, perm);
     r.plan = plan;
     return r;
+  }
+
+  // 1. recv_counts[src * El + j] = rows rank src sends to local expert j. 2. The expert-
+  // parallel host sync: the row splits must be host integers. Returns send (E) then recv (E).
+  std::vector<int64_t> exchange_counts(const at::Tensor& counts, int64_t P, int64_t El) {
+    at::NoGradGuard ng;
+    at::Tensor send_counts = counts.to(at::kLong).contiguous();
+    at::Tensor recv_counts = at::empty_like(send_counts);
+    const std::vector<int64_t> even(static_cast<size_t>(P), El);
+    pg_.all_to_all(recv_counts, send_counts, even, even);
+    at::Tensor both = at::cat({send_counts, recv_counts}).to(at::kCPU);
+    return std::vector<int64_t>(both.data_ptr<int64_t>(), both.data_ptr<int64_t>() + both.numel());
   }
 
   at::Tensor combine(const at::Tensor& y, const Received& r) override {
@@ -95,28 +109,23 @@ class ProcessGroupExchange : public ExpertExchange {
   }
 
  private:
-  // recv[s * El + j]: rows from source s for local expert j. Returns the gather index that
-  // turns [src][expert] blocks into [expert][src] blocks, and its inverse.
-  static std::pair<at::Tensor, at::Tensor> regroup(const int64_t* recv, int64_t P, int64_t El,
-                                                   at::Device device) {
-    std::vector<int64_t> block_start(static_cast<size_t>(P * El));
-    int64_t pos = 0;
-    for (int64_t s = 0; s < P * El; ++s) {
-      block_start[static_cast<size_t>(s)] = pos;
-      pos += recv[s];
-    }
-    std::vector<int64_t> perm;
-    perm.reserve(static_cast<size_t>(pos));
-    for (int64_t j = 0; j < El; ++j)
-      for (int64_t s = 0; s < P; ++s) {
-        const int64_t b = block_start[static_cast<size_t>(s * El + j)];
-        for (int64_t i = 0; i < recv[s * El + j]; ++i) perm.push_back(b + i);
-      }
-    std::vector<int64_t> inv(perm.size());
-    for (size_t i = 0; i < perm.size(); ++i)
-      inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
-    const auto idx = at::TensorOptions().dtype(at::kLong);
-    return {at::tensor(perm, idx).to(device), at::tensor(inv, idx).to(device)};
+  // recv: (P * El) int64 on the device, recv[s * El + j] rows from source s for local
+  // expert j; R = their sum (known on the host). Returns the gather index that turns
+  // [src][expert] blocks into [expert][src] blocks, and its inverse, built on the device
+  // from the counts (no host loop over rows, no host-to-device copy of R indices).
+  static std::pair<at::Tensor, at::Tensor> regroup(const at::Tensor& recv, int64_t P, int64_t El,
+                                                   int64_t R) {
+    at::NoGradGuard ng;
+    at::Tensor start = at::cumsum(recv, 0) - recv;                // block starts, [src][expert]
+    at::Tensor len_t = recv.view({P, El}).t().reshape({-1});      // sizes in [expert][src] order
+    at::Tensor start_t = start.view({P, El}).t().reshape({-1});   // their source starts
+    at::Tensor dest_start = at::cumsum(len_t, 0) - len_t;         // where each block lands
+    // Output row i of block b sits at dest_start[b] + o and reads source row start_t[b] + o.
+    at::Tensor iota = at::arange(R, recv.options());
+    at::Tensor perm = iota + at::repeat_interleave(start_t - dest_start, len_t, /*dim=*/0,
+                                                   /*output_size=*/R);
+    at::Tensor inv = at::empty_like(perm).index_put_({perm}, iota);
+    return {perm, inv};
   }
 
   ProcessGroup& pg_;

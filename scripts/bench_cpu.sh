@@ -1,51 +1,67 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): titan-train against eager PyTorch (test/reference/train_ref.py) on
-# the Llama-3 debugmodel, side by side in one run: same torch wheel, same threads, same batch.
-# Prints training tokens/s of each (median over steps after the first two), their ratio, and
-# the time from exec to the first finished step. Usage: scripts/bench_cpu.sh [STEPS] [BATCH] [SEQ]
+# Benchmark (not a test): titan-train's training step against eager PyTorch
+# (test/reference/train_ref.py), side by side in one run and alternated (titan, eager, titan,
+# eager) so that machine noise hits both alike: same torch wheel, same threads, same model,
+# batch and random tokens. Three configurations:
+#   debug  the Llama-3 debugmodel, batch 8 x seq 256, vocab 2048
+#   long   Llama-3 dim 384, 2 layers, 6 heads, 2 kv heads (GQA), vocab 32768, batch 1 x seq 1024
+#   moe    the Llama-4 debugmodel (8 experts, top-1, 1 shared; MoE every 2nd layer), 8 x 256
+# The titan side is the product's Model + train_step + fused AdamW driven by a hidden Catch2
+# case (test/app/test_train_bench.cpp), because the long shape is no torchtitan flavor.
+# Prints per configuration: tokens/s (median over the steps after the first two, best of the
+# two runs) and peak RSS (KiB, ru_maxrss; the smaller of the two runs), with ratios titan / eager.
+# Usage: scripts/bench_cpu.sh [CONFIGS...] (default: debug long moe). STEPS overrides steps.
+# TITAN_SKIP_BUILD=1 skips the build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/scripts/build.sh" >/dev/null
+build="${TITAN_BUILD_DIR:-$root/build}"
+[ "${TITAN_SKIP_BUILD:-0}" = 1 ] || "$root/scripts/build.sh" >/dev/null
 source "${TITAN_CACHE:-$HOME/.cache/titan-train}/env.sh"
-steps=${1:-20} batch=${2:-8} seq=${3:-256}
-threads=${OMP_NUM_THREADS:-$(nproc)}
-export OMP_NUM_THREADS=$threads
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-now_ms() { date +%s%3N; }
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+configs=("$@")
+[ ${#configs[@]} -gt 0 ] || configs=(debug long moe)
+
+# name -> dim layers heads kv_heads vocab batch seq experts steps
+spec() {
+  case "$1" in
+    debug) echo "256 6 16 16 2048 8 256 0 ${STEPS:-6}" ;;
+    long) echo "384 2 6 2 32768 1 1024 0 ${STEPS:-5}" ;;
+    moe) echo "256 6 16 16 2048 8 256 8 ${STEPS:-6}" ;;
+    *) echo "unknown config $1; allowed: debug long moe" >&2; exit 2 ;;
+  esac
+}
 
 run_titan() {
-  local t0; t0=$(now_ms)
-  "$root/build/titan-train" --config "$root/configs/llama3_debug.toml" --training.steps "$steps" \
-    --training.local_batch_size "$batch" --training.seq_len "$seq" --metrics.log_freq 1 \
-    --validation.enable false --metrics.enable_tensorboard false \
-    --job.dump_folder "$work/titan" >"$work/titan.log" 2>&1
-  local first; first=$(grep -o 'unix_ms [0-9]*' "$work/titan.log" | awk '{print $2}')
-  "$TITAN_PYTHON" - "$work/titan/metrics.jsonl" "$t0" "$first" <<'PY'
-import json, statistics, sys
-tps = [json.loads(l)["tps"] for l in open(sys.argv[1]) if '"tps"' in l]
-print(json.dumps({"tps": statistics.median(tps[2:]), "first_ms": int(sys.argv[3]) - int(sys.argv[2])}))
-PY
+  read -r dim layers heads kv vocab batch seq experts steps <<<"$(spec "$1")"
+  BENCH_DIM=$dim BENCH_LAYERS=$layers BENCH_HEADS=$heads BENCH_KV_HEADS=$kv BENCH_VOCAB=$vocab \
+    BENCH_BATCH=$batch BENCH_SEQ=$seq BENCH_EXPERTS=$experts BENCH_STEPS=$steps \
+    "$build/test/titan_tests" "[.trainbench]" 2>/dev/null | grep '^{"tps"'
 }
 run_ref() {
-  local t0; t0=$(now_ms)
+  read -r dim layers heads kv vocab batch seq experts steps <<<"$(spec "$1")"
   (cd "$root/test/reference" && "$TITAN_PYTHON" train_ref.py --steps "$steps" --batch "$batch" \
-    --seq_len "$seq") >"$work/ref.json"
-  "$TITAN_PYTHON" - "$work/ref.json" "$t0" <<'PY'
-import json, statistics, sys
-r = json.load(open(sys.argv[1]))
-print(json.dumps({"tps": statistics.median(r["tps"][2:]), "first_ms": int(r["first_step_unix_ms"] - int(sys.argv[2]))}))
-PY
+    --seq_len "$seq" --dim "$dim" --n_layers "$layers" --n_heads "$heads" --n_kv_heads "$kv" \
+    --vocab "$vocab" --experts "$experts")
 }
-# Alternate the two so that machine noise hits both alike.
-t1=$(run_titan); r1=$(run_ref); t2=$(run_titan); r2=$(run_ref)
-"$TITAN_PYTHON" - "$t1" "$t2" "$r1" "$r2" "$threads" "$steps" "$batch" "$seq" <<'PY'
-import json, sys
-t = [json.loads(sys.argv[1]), json.loads(sys.argv[2])]
-r = [json.loads(sys.argv[3]), json.loads(sys.argv[4])]
-tt = max(x["tps"] for x in t); rt = max(x["tps"] for x in r)
-tf = min(x["first_ms"] for x in t); rf = min(x["first_ms"] for x in r)
-print(f"llama3 debugmodel, CPU, {sys.argv[5]} threads, {sys.argv[6]} steps, batch {sys.argv[7]} x seq {sys.argv[8]}")
-print(f"  train tokens/s   titan-train {tt:10.0f}   eager PyTorch {rt:10.0f}   ratio {tt / rt:.2f}x")
-print(f"  exec->first step titan-train {tf:8d} ms   eager PyTorch {rf:8d} ms   ratio {rf / tf:.2f}x faster")
+
+echo "CPU, $OMP_NUM_THREADS threads, $(date -u +%FT%TZ)"
+for c in "${configs[@]}"; do
+  t1=$(run_titan "$c"); r1=$(run_ref "$c"); t2=$(run_titan "$c"); r2=$(run_ref "$c")
+  "$TITAN_PYTHON" - "$c" "$(spec "$c")" "$t1" "$t2" "$r1" "$r2" <<'PY'
+import json, statistics, sys
+name, spec = sys.argv[1], sys.argv[2].split()
+t = [json.loads(x) for x in sys.argv[3:5]]
+r = [json.loads(x) for x in sys.argv[5:7]]
+tps = lambda runs: max(statistics.median(x["tps"][2:]) for x in runs)
+rss = lambda runs: min(x["rss_peak_kib"] for x in runs)
+base = lambda runs: min(x["rss_before_kib"] for x in runs)
+tt, rt = tps(t), tps(r)
+print(f"{name}: dim {spec[0]}, {spec[1]} layers, {spec[2]}/{spec[3]} heads, vocab {spec[4]}, "
+      f"batch {spec[5]} x seq {spec[6]}, experts {spec[7]}, {spec[8]} steps")
+print(f"  tokens/s        titan {tt:10.0f}   eager {rt:10.0f}   ratio {tt / rt:.2f}x")
+print(f"  peak RSS MiB    titan {rss(t) / 1024:10.0f}   eager {rss(r) / 1024:10.0f}   ratio "
+      f"{rss(t) / rss(r):.2f}x")
+print(f"  RSS before step titan {base(t) / 1024:10.0f}   eager {base(r) / 1024:10.0f}   "
+      f"(step growth ratio {(rss(t) - base(t)) / max(1, rss(r) - base(r)):.2f}x)")
 PY
+done

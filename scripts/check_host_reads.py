@@ -46,8 +46,8 @@ NOT_HOT = {
 ALLOWED = {
     ("moe/experts.cpp", "counts_to_host"):
         "named read 1: the loop backend's per-expert row counts (cached across recompute)",
-    ("parallel/expert_parallel.cpp", "dispatch"):
-        "named read 2: expert parallelism's all-to-all split sizes",
+    ("parallel/expert_parallel.cpp", "exchange_counts"):
+        "named read 2: expert parallelism's all-to-all split sizes (cached across recompute)",
     ("moe/moe_layer.cpp", "moe_load_metrics"):
         "logging steps only: the expert-load metrics of the log line",
     ("core/optimizer.cpp", "AdamW::loop_step"):
