@@ -1,6 +1,19 @@
 #include "core/functional.h"
 
+#include "core/recompute.h"
+
 namespace titan {
+
+at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
+  return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
+}
+
+at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       double scale) {
+  if (op_tape_active()) return tape_causal_sdpa(q, k, v, scale);
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true, scale);
+}
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   // ATen's kernel upcasts internally; one op instead of five keeps the autograd graph small.
@@ -9,7 +22,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {
-  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
+  return project(at::silu(project(x, w1)) * project(x, w3), w2);
 }
 
 at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {

@@ -55,8 +55,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     kt = kt.unsqueeze(2).expand({B, Hkv, rep, T, k.size(3)}).reshape({B, H, T, k.size(3)});
     vt = vt.unsqueeze(2).expand({B, Hkv, rep, T, v.size(3)}).reshape({B, H, T, v.size(3)});
   }
-  at::Tensor o = at::scaled_dot_product_attention(qt, kt, vt, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                  /*is_causal=*/true, scale);
+  at::Tensor o = causal_sdpa(qt, kt, vt, scale);
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 
@@ -65,13 +64,13 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
                          int64_t n_kv_heads, const RopeTables& rope) {
   const int64_t B = h.size(0), T = h.size(1);
   const int64_t hd = wq.size(0) / n_heads;
-  at::Tensor q = at::linear(h, wq).view({B, T, n_heads, hd});
-  at::Tensor k = at::linear(h, wk).view({B, T, n_kv_heads, hd});
-  at::Tensor v = at::linear(h, wv).view({B, T, n_kv_heads, hd});
+  at::Tensor q = project(h, wq).view({B, T, n_heads, hd});
+  at::Tensor k = project(h, wk).view({B, T, n_kv_heads, hd});
+  at::Tensor v = project(h, wv).view({B, T, n_kv_heads, hd});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
   at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
-  return at::linear(attn, wo);
+  return project(attn, wo);
 }
 
 }  // namespace titan
