@@ -177,6 +177,8 @@ void Trainer::setup_model() {
   } else if (ac.mode == "selective") {
     if (ac.selective_ac_option == "op") {
       model_->set_op_checkpointing(op_checkpoint_policy(*model_, ac));
+      log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
+               "the ops between them recomputed)");
     } else {
       const int64_t every = std::stoll(ac.selective_ac_option);
       model_->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });

@@ -4,8 +4,8 @@
 # selective every 2nd block, and selective op. Prints, per mode, the median training
 # tokens/s over the steps after the first two, the peak allocated memory of those steps
 # (metrics.jsonl memory_peak_gib: the counting CPU allocator, or CUDA's when on a GPU), and
-# both as ratios to `none`. The modes are run in rotation, twice, and the better tokens/s of
-# the two rounds kept, so machine noise hits all alike.
+# both as ratios to `none`. The modes are run in rotation, AC_BENCH_ROUNDS times (default 2),
+# and the best tokens/s of the rounds kept, so machine noise hits all alike.
 # Usage: scripts/bench_ac.sh [STEPS] [BATCH] [SEQ]   (TITAN_SKIP_BUILD=1: no build first)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,7 +45,7 @@ PY
 
 for config in llama3_debug.toml llama4_debug.toml; do
   results="$work/$config.jsonl"
-  for round in 1 2; do
+  for round in $(seq "${AC_BENCH_ROUNDS:-2}"); do
     for m in $order; do echo "{\"mode\": \"$m\", \"r\": $(run "$config" "$m" "$round")}" >>"$results"; done
   done
   "$TITAN_PYTHON" - "$results" "$config" "$threads" "$steps" "$batch" "$seq" <<'PY'
