@@ -55,7 +55,10 @@ CacheKey cache_key(const std::string& raw, const std::string& tokenizer_file,
                    const TokenCacheOptions& o) {
   struct stat st {};
   if (::stat(raw.c_str(), &st) != 0)
-    throw UserError("data file '" + raw + "': cannot be read (" + std::strerror(errno) + ")");
+    throw UserError("data file '" + raw + "': " +
+                    (errno == ENOENT ? std::string("does not exist")
+                                     : "cannot be read (" + std::string(std::strerror(errno)) + ")") +
+                    "; allowed: an existing .txt/.jsonl file or token shards (docs/data.md)");
   const std::string abs = fs::absolute(raw).lexically_normal().string();
   const long long mtime_ns =
       static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;

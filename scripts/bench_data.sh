@@ -3,6 +3,7 @@
 #   loader: tokens/s of the training loader (B = 8, seq 256 and 2048) with its prefetch thread
 #           and with direct reads on the caller's thread (DATA_BENCH_SECONDS per figure, 2 s),
 #           and the data time left to a consumer that is away 2 ms per batch (a GPU step).
+#           Then the loader's tokens/s against the debugmodel training step's, same B and seq.
 #   tokenize: titan-train tokenize MB/s at 1 and 2 threads on the same file, and against
 #             Hugging Face `tokenizers` encode_batch of the same documents with the same
 #             threads (TOKENIZE_MB of JSONL, default 20).
@@ -17,7 +18,29 @@ bench_loader() {
   OMP_NUM_THREADS=1 "$build/test/titan_tests" "[.bench_data]" | grep -E '^loader '
 }
 
-bench_loader
+# The loader against what the training step consumes, in the same run: the debugmodel's
+# training tokens/s at the same batch and seq (median of steps 3..STEPS).
+bench_loader_vs_step() {
+  source "${TITAN_CACHE:-$HOME/.cache/titan-train}/env.sh"
+  local work; work=$(mktemp -d)
+  trap "rm -rf '$work'" RETURN
+  local loader; loader=$(bench_loader | tee /dev/stderr | awk '/seq 256:/ {print $6}')
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} "$build/titan-train" \
+    --config "$root/configs/llama3_debug.toml" --training.steps "${STEP_BENCH_STEPS:-8}" \
+    --training.local_batch_size 8 --training.seq_len 256 --metrics.log_freq 1 \
+    --validation.enable false --metrics.enable_tensorboard false \
+    --job.dump_folder "$work/run" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+  local step; step=$("$TITAN_PYTHON" - "$work/run/metrics.jsonl" <<'PY'
+import json, statistics, sys
+tps = [json.loads(l)["tps"] for l in open(sys.argv[1]) if '"tps"' in l]
+print(statistics.median(tps[2:] or tps))
+PY
+)
+  awk -v l="$loader" -v s="$step" 'BEGIN {
+    printf "loader vs step (debugmodel, B=8, seq 256): loader %.0f tokens/s, training step consumes %.0f tokens/s, ratio %.0fx (goal >= 50x)\n", l, s, l / s }'
+}
+
+bench_loader_vs_step 2>&1
 # ---- tokenize ------------------------------------------------------------------------------
 # Our time is the command's own pipeline time from its summary line: reading, JSON parsing,
 # encoding and writing the shards, not process start-up or loading the tokenizer. HF's is

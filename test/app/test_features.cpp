@@ -68,11 +68,15 @@ TEST_CASE("features: checkpoint.exclude_from_loading skips exactly the named par
   test::TempDir dir("exclude");
   const std::string save =
       "--checkpoint.enable --checkpoint.interval 4 --training.local_batch_size 2 ";
-  // The uninterrupted reference, and a run that stops at step 4 with a checkpoint.
+  // The uninterrupted reference, which checkpoints at steps 4 and 8.
   REQUIRE(train(save + "--training.steps 8 --job.dump_folder " + dir.file("ref")).rc == 0);
   auto ref = metrics(dir.file("ref"));
+  // A fork starts from the reference's own step-4 checkpoint (a run stopped at --training.steps
+  // 4 would have trained its first steps on a shorter LR schedule).
   auto fork = [&](const std::string& name, const std::string& extra) {
-    REQUIRE(train(save + "--training.steps 4 --job.dump_folder " + dir.file(name)).rc == 0);
+    fs::create_directories(dir.file(name) + "/checkpoint");
+    fs::copy(dir.file("ref") + "/checkpoint/step-4", dir.file(name) + "/checkpoint/step-4",
+             fs::copy_options::recursive);
     auto r = train(save + "--training.steps 8 --job.dump_folder " + dir.file(name) + " " + extra);
     INFO(r.out);
     REQUIRE(r.rc == 0);
@@ -185,9 +189,13 @@ TEST_CASE("features: validation.dataset_path evaluates on its own file", "[featu
   auto held = run("held", "");
   auto own = run("own", "--validation.dataset_path " + dir.file("val.txt"));
   CHECK(own.first != held.first);
-  CHECK(own.second != held.second);
-  CHECK(own.second > 0);
-  CHECK(own.second % 64 == 0);  // whole windows of validation.seq_len
+  CHECK(own.second == held.second);  // validation.steps = 4 windows of 64 caps both
+  // validation.steps = -1 reads the whole file once: more windows than 4, but fewer tokens
+  // than the file has bytes (the held-out part of the corpus is far larger).
+  auto all = run("own-all", "--validation.steps -1 --validation.dataset_path " + dir.file("val.txt"));
+  CHECK(all.second > own.second);
+  CHECK(all.second < static_cast<int64_t>(text.size()));
+  CHECK(all.second % 64 == 0);  // whole windows of validation.seq_len
 }
 
 TEST_CASE("features: a tokenizer smaller than the model's vocabulary trains", "[features]") {
