@@ -1,5 +1,8 @@
 #include "app/train_step.h"
 
+#include <ATen/record_function.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include "core/functional.h"
@@ -12,7 +15,35 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+// The step's one named host read, on logging steps only (StepOptions::time_phases): waits
+// for the device so the phase times are true. scripts/check_host_reads.py lists it.
+void wait_for_device(const at::Tensor& t) {
+  if (!t.is_cpu()) (void)t.cpu();
+}
+
 }  // namespace
+
+const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& fresh) {
+  const bool same = bufs_.size() == fresh.size() &&
+                    std::equal(fresh.begin(), fresh.end(), bufs_.begin(), [](auto& a, auto& b) {
+                      return a.tokens.sizes() == b.tokens.sizes() &&
+                             a.labels.sizes() == b.labels.sizes() &&
+                             a.tokens.device() == b.tokens.device();
+                    });
+  if (!same) {  // the first step (or a new batch shape): allocate once
+    bufs_.clear();
+    for (auto& mb : fresh)
+      bufs_.push_back({at::empty_like(mb.tokens, at::MemoryFormat::Contiguous),
+                       at::empty_like(mb.labels, at::MemoryFormat::Contiguous)});
+    ++allocations_;
+  }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    // Asynchronous on CUDA (the loader's copies are on the same stream).
+    bufs_[i].tokens.copy_(fresh[i].tokens, /*non_blocking=*/true);
+    bufs_[i].labels.copy_(fresh[i].labels, /*non_blocking=*/true);
+  }
+  return bufs_;
+}
 
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* grad_sync) {
@@ -21,34 +52,38 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   // mean over all sequences of every rank, and the ranks' gradients are summed.
   const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
   at::Tensor total;
-  for (const auto& mb : micro) {
-    at::Tensor logits = model.forward(mb.tokens);
-    at::Tensor loss = token_loss_sum(logits, mb.labels) / o.global_tokens;
-    at::Tensor aux = model.aux_loss();
-    at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
-    objective.backward();
-    total = total.defined() ? total + loss.detach() : loss.detach();
+  {
+    RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
+    for (const auto& mb : micro) {
+      at::Tensor logits = model.forward(mb.tokens);
+      at::Tensor loss = token_loss_sum(logits, mb.labels) / o.global_tokens;
+      at::Tensor aux = model.aux_loss();
+      at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
+      objective.backward();
+      total = total.defined() ? total + loss.detach() : loss.detach();
+    }
+    if (o.time_phases) wait_for_device(total);
   }
-  const bool sync = o.time_phases && !total.is_cpu();
-  if (sync) (void)total.cpu();  // named sync: phase timing on log steps only
   StepResult r;
   r.fwdbwd_ms = ms_since(t0);
   const auto t1 = Clock::now();
-  auto params = model.params().tensors();
-  if (grad_sync) grad_sync->reduce_gradients(params);
-  at::Tensor norm_sq = grad_norm_sq(params);
-  // After the gradient all-reduce every rank holds the same full gradient, so the local norm
-  // already is the global one under pure replication; the hook exists for sharded layouts.
-  if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
-  at::Tensor norm = at::sqrt(norm_sq);
-  clip_grad_norm(params, o.max_norm, norm);
-  opt.step(o.lr);
-  opt.zero_grad();
-  model.after_optimizer_step();
-  if (sync) (void)norm.cpu();
+  {
+    RECORD_USER_SCOPE("titan::optimizer");
+    auto params = model.params().tensors();
+    if (grad_sync) grad_sync->reduce_gradients(params);
+    at::Tensor norm_sq = grad_norm_sq(params);
+    // After the gradient all-reduce every rank holds the same full gradient, so the local norm
+    // already is the global one under pure replication; the hook exists for sharded layouts.
+    if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
+    r.grad_norm = at::sqrt(norm_sq);
+    clip_grad_norm(params, o.max_norm, r.grad_norm);
+    opt.step(o.lr);
+    opt.zero_grad();
+    model.after_optimizer_step();
+    if (o.time_phases) wait_for_device(r.grad_norm);
+  }
   r.opt_ms = ms_since(t1);
   r.loss = total;
-  r.grad_norm = norm;
   return r;
 }
 

@@ -27,13 +27,28 @@ struct StepResult {
   double opt_ms = 0;     // CPU, and on CUDA when time_phases synchronizes between them
 };
 
+// The step's inputs in buffers allocated once and refilled with copy_ every step, so the
+// step reads the same device addresses each time (what a captured CUDA graph needs).
+class StepInputs {
+ public:
+  // Copies `fresh` into the buffers (allocating them on the first call, or if the shapes
+  // change) and returns them.
+  const std::vector<MicroBatch>& stage(const std::vector<MicroBatch>& fresh);
+  int64_t allocations() const { return allocations_; }  // buffer (re)allocations so far
+
+ private:
+  std::vector<MicroBatch> bufs_;
+  int64_t allocations_ = 0;
+};
+
 // Forward and backward over the micro-batches (gradient accumulation), the gradient
 // reduction over data-parallel ranks (`sync`, none for one process), clipping, AdamW, then the
 // model's own post-step update (MoE expert bias). The step's objective is the mean token
 // loss of the global batch plus the mean over its sequences of the model's auxiliary loss,
 // whatever the layout: each rank's share is divided by the global token count and by
 // (micro-batches x dp ranks) respectively, and `sync` sums the shares. Nothing here reads
-// device values unless time_phases asks for a synchronization between the phases.
+// device values unless time_phases asks for a synchronization between the phases (the log
+// steps): the loss and the norm stay on the device for the caller to read when it logs.
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* sync = nullptr);
 

@@ -236,6 +236,8 @@ void Trainer::setup_optimizer() {
   opt_ = std::make_unique<AdamW>(model_->params().tensors(), decay, cfg_.optimizer);
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
+  profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, launch_.rank,
+                                             cuda_);
   metrics_ = std::make_unique<MetricsLogger>(
       cfg_.job.dump_folder, writer, cfg_.metrics.enable_tensorboard, cfg_.metrics.save_tb_folder,
       !cfg_.metrics.disable_color_printing && log_is_tty(), launch_.rank);
@@ -336,7 +338,8 @@ int Trainer::train_loop() {
     const bool log =
         step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
     const auto t0 = Clock::now();
-    std::vector<MicroBatch> micro = next_micro_batches();
+    profiler_->before_step(step);
+    const std::vector<MicroBatch>& micro = inputs_.stage(next_micro_batches());
     data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.time_phases = log;
@@ -359,6 +362,7 @@ int Trainer::train_loop() {
                          std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (cfg_.validation.enable && step % cfg_.validation.freq == 0) validate(step);
+    profiler_->after_step(step);
     state_.step = step;
     if (int sig = preempt_->poll(step)) {
       log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) +
@@ -376,6 +380,7 @@ int Trainer::train_loop() {
         step != cfg_.training.steps)
       save(/*model_only=*/false);
   }
+  profiler_->finish(state_.step);  // a window the last step cut short
   return 0;
 }
 

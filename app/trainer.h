@@ -18,6 +18,7 @@
 #include "core/metrics.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "core/profiler.h"
 #include "core/tokenizer.h"
 #include "parallel/ddp.h"
 #include "parallel/fsdp.h"
@@ -83,6 +84,8 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LRSchedule> sched_;
 
+  StepInputs inputs_;  // the step's persistent input buffers
+  std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<Checkpointer> ckpt_;
   TrainingState state_;

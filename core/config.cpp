@@ -575,6 +575,12 @@ void validate_config(const JobConfig& cfg) {
                     std::to_string(t.local_batch_size) + " x the data-parallel degree");
   validate_datasets(t);
   validate_activation_checkpoint(cfg.activation_checkpoint);
+  const auto& pr = cfg.profiling;
+  if (pr.enable_profiling && pr.profile_freq < pr.profiler_active + pr.profiler_warmup)
+    throw UserError("profiling.profile_freq = " + std::to_string(pr.profile_freq) +
+                    " is less than profiler_warmup + profiler_active = " +
+                    std::to_string(pr.profiler_warmup + pr.profiler_active) +
+                    "; allowed: profile_freq >= profiler_warmup + profiler_active");
   if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
     throw UserError(
         "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "

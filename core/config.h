@@ -110,6 +110,14 @@ struct MetricsSection {
   bool save_for_all_ranks = false;
 };
 
+struct ProfilingSection {
+  bool enable_profiling = false;
+  std::string save_traces_folder;
+  int64_t profile_freq = 0;
+  int64_t profiler_active = 0;
+  int64_t profiler_warmup = 0;
+};
+
 struct DebugSection {
   int64_t seed = 0;
   bool deterministic = false;
@@ -139,6 +147,7 @@ struct MoESection {
 struct JobConfig {
   JobSection job;
   MetricsSection metrics;
+  ProfilingSection profiling;
   ModelSection model;
   OptimizerSection optimizer;
   LRSchedulerSection lr_scheduler;

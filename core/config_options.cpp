@@ -291,6 +291,22 @@ void metrics_options(std::vector<Option>& out) {
         "Every rank writes its own metrics files");
 }
 
+void profiling_options(std::vector<Option>& out) {
+  using P = ProfilingSection;
+  SectionDefs<P> s("profiling", &JobConfig::profiling, out);
+  s.add("enable_profiling", &P::enable_profiling, false,
+        "Record Kineto traces of the train step (Chrome trace JSON, loadable in Perfetto)");
+  s.add("save_traces_folder", &P::save_traces_folder, "profile_traces",
+        "Trace folder under job.dump_folder: iteration_N/rank<R>_trace.json per window");
+  s.add("profile_freq", &P::profile_freq, 10,
+        "Profile the last profiler_active steps of every this many steps")
+      .range(1.0, kNoMax);
+  s.add("profiler_active", &P::profiler_active, 1, "Steps recorded per window").range(1.0, kNoMax);
+  s.add("profiler_warmup", &P::profiler_warmup, 3,
+        "Steps before each window with the profiler prepared but not recording")
+      .range(0.0, kNoMax);
+}
+
 void debug_options(std::vector<Option>& out) {
   SectionDefs<DebugSection> s("debug", &JobConfig::debug, out);
   s.add("seed", &DebugSection::seed, 0, "Seed for initialization and data order")
@@ -362,6 +378,7 @@ std::vector<Option> build_registry() {
   activation_checkpoint_options(out);
   compile_options(out);
   metrics_options(out);
+  profiling_options(out);
   debug_options(out);
   validation_options(out);
   comm_options(out);
@@ -369,11 +386,12 @@ std::vector<Option> build_registry() {
   return out;
 }
 
-// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: profilers,
+// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
 // loggers, Python-side tuning, and sub-settings of features that are rejected while off
 // (pipeline and context parallel details, quantization recipes). "x.*" covers x and below.
 const std::vector<std::string> kIgnored = {
-    "profiling.*",
+    "profiling.enable_memory_snapshot",
+    "profiling.save_memory_snapshot_folder",
     "float8.*",
     "mx.*",
     "quantize.*",

@@ -12,10 +12,15 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const Opti
     steps_.push_back(at::zeros({}, params_[i].options().dtype(at::kFloat)));
     (decay[i] ? decay_idx_ : no_decay_idx_).push_back(i);
   }
+  // The CPU kernel reads the tensor as a double, so the update equals the double-lr overload
+  // bit for bit; the CUDA kernel reads fp32 from device memory.
+  const at::TensorOptions o = params_.empty() ? at::TensorOptions() : params_[0].options();
+  lr_ = at::zeros({}, o.dtype(o.device().is_cpu() ? at::kDouble : at::kFloat));
 }
 
 void AdamW::step(double lr) {
   at::NoGradGuard ng;
+  lr_.fill_(lr);  // a host-to-device write of a scalar, never a read
   step_group(decay_idx_, lr, cfg_.weight_decay);
   step_group(no_decay_idx_, lr, 0.0);
 }
@@ -33,7 +38,7 @@ void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
   if (p.empty()) return;
   at::_foreach_add_(s, 1.0);
   if (cfg_.implementation == "fused") {
-    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, cfg_.beta1, cfg_.beta2, wd,
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr_, cfg_.beta1, cfg_.beta2, wd,
                       cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
   } else if (cfg_.implementation == "foreach") {
     foreach_step(p, g, m, v, s, lr, wd);
@@ -86,7 +91,13 @@ void AdamW::loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
 }
 
 void AdamW::zero_grad() {
-  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  // In place (torch's zero_grad(set_to_none=False)): the next backward accumulates into the
+  // same storage, 0 + g = g exactly, so the losses do not change; the gradients stay
+  // allocated through the next forward (docs/training.md weighs that memory).
+  std::vector<at::Tensor> grads;
+  for (auto& p : params_)
+    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
 at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {

@@ -2,8 +2,9 @@
 //
 // Two groups: parameters flagged weight_decay (matrices) decay, the rest (norm gains,
 // embeddings) do not (docs/training.md). The step count lives in a device tensor per
-// parameter and the learning rate is a host double computed from the step number, so a step
-// performs no device-to-host synchronization.
+// parameter; the learning rate, a host double computed from the step number, is written into
+// a device tensor that the fused kernel reads, so a step performs no device-to-host
+// synchronization and keeps the same tensors from step to step (capture-ready, docs/training.md).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,7 +19,10 @@ class AdamW {
  public:
   AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg);
   void step(double lr);
+  // Zeroes the gradients in place: they keep their storage from step to step.
   void zero_grad();
+  // The learning rate of the last step, as the fused kernel reads it (0-d, on the device).
+  const at::Tensor& lr_tensor() const { return lr_; }
 
   // State for checkpoints: per parameter exp_avg, exp_avg_sq and step (fp32 scalars).
   std::vector<at::Tensor>& exp_avg() { return exp_avg_; }
@@ -38,6 +42,7 @@ class AdamW {
                  std::vector<at::Tensor>& s, double lr, double wd) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
+  at::Tensor lr_;  // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
   std::vector<size_t> decay_idx_, no_decay_idx_;
   OptimizerSection cfg_;
 };

@@ -176,20 +176,24 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
   test::write_file(dir.file("v022.toml"), kV022);
   test::write_file(dir.file("v01.toml"), kV01);
 
-  // v0.2.2: every key is read; the five ignored keys or sections warn once each.
+  // v0.2.2: every key is read; the six ignored keys or sections warn once each.
   auto a = parse({"--config", dir.file("v022.toml")});
   INFO([&] {
     std::string s;
     for (auto& w : a.warnings) s += w + "\n";
     return s;
   }());
-  CHECK(a.warnings.size() == 5);
-  for (const char* k :
-       {"profiling.*", "quantize.*", "metrics.enable_wandb",
-        "parallelism.enable_async_tensor_parallel", "parallelism.pipeline_parallel_schedule"})
+  CHECK(a.warnings.size() == 6);
+  for (const char* k : {"profiling.enable_memory_snapshot", "profiling.save_memory_snapshot_folder",
+                        "quantize.*", "metrics.enable_wandb",
+                        "parallelism.enable_async_tensor_parallel",
+                        "parallelism.pipeline_parallel_schedule"})
     CHECK(warned(a.warnings, k) == 1);
-  CHECK(warned(a.warnings, "v022.toml:") == 5);  // each names the file and line
+  CHECK(warned(a.warnings, "v022.toml:") == 6);  // each names the file and line
   const JobConfig& c = a.cfg;
+  CHECK(c.profiling.enable_profiling);
+  CHECK(c.profiling.save_traces_folder == "traces");
+  CHECK(c.profiling.profile_freq == 50);
   CHECK(c.job.print_config);
   CHECK(c.model.flavor == "16B");
   CHECK(c.optimizer.eps == 1e-15);
