@@ -6,6 +6,18 @@
 
 namespace titan {
 
+// x w^T: the GEMM of every linear layer without bias. x: (..., D); w: (O, D) -> (..., O).
+// Models route their linear layers through this (not at::linear) so that op-level
+// activation checkpointing (core/recompute.h) can save or replay the result.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w);
+
+// Causal scaled dot-product attention, as at::scaled_dot_product_attention with
+// is_causal = true. q: (B, H, T, Dqk), k: (B, Hkv, T, Dqk), v: (B, Hkv, T, Dv) -> (B, H, T, Dv);
+// Hkv < H (grouped-query attention) needs enable_gqa, which reads each kv head in place.
+// Routed through here for op-level activation checkpointing, like project().
+at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       double scale, bool enable_gqa = false);
+
 // x: (..., D), w: (D). Computed in fp32, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 

@@ -151,7 +151,10 @@ at::Tensor Model::run_blocks(at::Tensor h) const {
     std::vector<at::Tensor> w;
     for (int64_t i : block_params_[l]) w.push_back(weight(i));
     const int64_t li = static_cast<int64_t>(l);
-    h = recompute_block(li) ? checkpoint_block(block_fns_[l], h, w) : block_fns_[l](h, w);
+    if (op_policy_)
+      h = checkpoint_block_ops(block_fns_[l], h, w, *op_policy_);
+    else
+      h = recompute_block(li) ? checkpoint_block(block_fns_[l], h, w) : block_fns_[l](h, w);
     h = block_done(li, h);
   }
   return h;

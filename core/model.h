@@ -186,6 +186,11 @@ class Model {
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // Activation checkpointing: recompute block i in backward when recompute_block(i).
   void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
+  // Op-level selective checkpointing of every block (core/recompute.h); replaces the
+  // block policy above.
+  void set_op_checkpointing(const OpCheckpointPolicy& p) {
+    op_policy_ = std::make_unique<OpCheckpointPolicy>(p);
+  }
   // Sums a tensor over the data-parallel ranks in place (MoE token counts). Default: one rank.
   void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
 
@@ -200,7 +205,7 @@ class Model {
   // Zeroes the training-state buffers (MoE expert biases and counts).
   virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
-  bool recompute_block(int64_t i) const { return recompute_ && recompute_(i); }
+  bool recompute_block(int64_t i) const { return op_policy_ || (recompute_ && recompute_(i)); }
   at::Tensor block_done(int64_t i, const at::Tensor& out) const {
     return block_done_ ? block_done_(i, out) : out;
   }
@@ -233,6 +238,7 @@ class Model {
  private:
   std::vector<std::vector<int64_t>> block_params_;
   std::vector<BlockFn> block_fns_;  // must outlive backward (checkpoint_block keeps &fn)
+  std::unique_ptr<OpCheckpointPolicy> op_policy_;  // likewise kept by address in backward
 };
 
 }  // namespace titan

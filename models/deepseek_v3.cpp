@@ -186,23 +186,23 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
   at::Tensor q;
   if (a.q_lora_rank == 0) {
-    q = at::linear(h, w[k++]);
+    q = project(h, w[k++]);
   } else {
-    at::Tensor qa = at::linear(h, w[k++]);
+    at::Tensor qa = project(h, w[k++]);
     at::Tensor qn = rms_norm(qa, w[k++], a.norm_eps);
-    q = at::linear(qn, w[k++]);
+    q = project(qn, w[k++]);
   }
   q = q.view({B, T, H, nope + rope});
   q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rope_)}, -1);
   // Keys and values from the compressed latent (B, T, kv_lora_rank) plus one shared rope key.
-  at::Tensor kv = at::linear(h, w[k++]);  // (B, T, kv_lora_rank + rope)
+  at::Tensor kv = project(h, w[k++]);  // (B, T, kv_lora_rank + rope)
   at::Tensor k_pe = apply_rope(kv.slice(-1, a.kv_lora_rank).unsqueeze(2), rope_);  // (B,T,1,rope)
   at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
-  at::Tensor kvb = at::linear(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
+  at::Tensor kvb = project(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
   at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
-  at::Tensor y = x + at::linear(attn, w[k++]);
+  at::Tensor y = x + project(attn, w[k++]);
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),

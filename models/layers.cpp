@@ -51,11 +51,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   // (B, heads, T, D) views. With Hkv < H, SDPA's enable_gqa lets each group of H / Hkv query
   // heads read its kv head in place (the CPU flash kernel and the CUDA kernels support it), so
-  // K and V are never expanded and copied to H heads.
-  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                  v.transpose(1, 2), /*attn_mask=*/{},
-                                                  /*dropout_p=*/0.0, /*is_causal=*/true, scale,
-                                                  /*enable_gqa=*/Hkv != H);
+  // K and V are never expanded and copied to H heads. causal_sdpa: op-level checkpointing.
+  at::Tensor o = causal_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale,
+                             /*enable_gqa=*/Hkv != H);
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 
@@ -64,13 +62,13 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
                          int64_t n_kv_heads, const RopeTables& rope) {
   const int64_t B = h.size(0), T = h.size(1);
   const int64_t hd = wq.size(0) / n_heads;
-  at::Tensor q = at::linear(h, wq).view({B, T, n_heads, hd});
-  at::Tensor k = at::linear(h, wk).view({B, T, n_kv_heads, hd});
-  at::Tensor v = at::linear(h, wv).view({B, T, n_kv_heads, hd});
+  at::Tensor q = project(h, wq).view({B, T, n_heads, hd});
+  at::Tensor k = project(h, wk).view({B, T, n_kv_heads, hd});
+  at::Tensor v = project(h, wv).view({B, T, n_kv_heads, hd});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
   at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
-  return at::linear(attn, wo);
+  return project(attn, wo);
 }
 
 }  // namespace titan
