@@ -150,8 +150,9 @@ TEST_CASE("torchtitan compare: deepseek_v3 debugmodel, 20 steps equal torchtitan
           "[train][torchtitan][moe][slow]") {
   // At 8e-4 these 256-token batches give gradient spikes (norms 4 to 316) where torchtitan
   // disagrees with itself: fused against foreach AdamW, its losses are 6e-5 apart at step 17
-  // and the routing then drifts. At 3e-4 the run is smooth (docs/training.md).
-  compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "3e-4"});
+  // and the routing then drifts. At 3e-4, with shard-local init, spikes at steps 15 and 19 still
+  // put the grad norms 2.3e-4 apart (losses 2e-7); at 1e-4 the run is smooth (docs/training.md).
+  compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "1e-4"});
 }
 
 TEST_CASE("seed checkpoint: needs checkpoint.enable and one process", "[checkpoint]") {
