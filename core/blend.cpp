@@ -1,5 +1,7 @@
 #include "core/blend.h"
 
+#include "core/hash.h"
+
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -27,13 +29,6 @@ std::vector<std::string> split_commas(const std::vector<std::string>& texts) {
   return out;
 }
 
-// splitmix64's finalizer: a fast, well-mixing 64-bit hash.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::string fmt(const char* f, double v) {
   char b[64];
@@ -195,13 +190,13 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
   while (bits < 64 && (uint64_t{1} << bits) < n) ++bits;
   half_bits_ = (bits + 1) / 2;
   half_mask_ = half_bits_ == 0 ? 0 : (uint64_t{1} << half_bits_) - 1;
-  for (int r = 0; r < 6; ++r) round_keys_[r] = mix64(key ^ mix64(static_cast<uint64_t>(r) + 1));
+  for (int r = 0; r < 6; ++r) round_keys_[r] = splitmix64(key ^ splitmix64(static_cast<uint64_t>(r) + 1));
 }
 
 uint64_t FeistelPermutation::encrypt(uint64_t x) const {
   uint64_t left = x >> half_bits_, right = x & half_mask_;
   for (uint64_t k : round_keys_) {
-    const uint64_t f = mix64(right ^ k) & half_mask_;
+    const uint64_t f = splitmix64(right ^ k) & half_mask_;
     const uint64_t next = left ^ f;
     left = right;
     right = next;
@@ -249,8 +244,8 @@ Draw BlendSampler::kth(int64_t s, int64_t k) const {
   Draw d;
   d.source = s;
   d.epoch = k / W;
-  const uint64_t key = mix64(seed_ ^ mix64(static_cast<uint64_t>(s) * 0x100000001B3ull +
-                                           mix64(static_cast<uint64_t>(d.epoch))));
+  const uint64_t key = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(s) * 0x100000001B3ull +
+                                           splitmix64(static_cast<uint64_t>(d.epoch))));
   d.window = static_cast<int64_t>(FeistelPermutation(static_cast<uint64_t>(W), key)(
       static_cast<uint64_t>(k % W)));
   return d;

@@ -1,5 +1,7 @@
 #include "core/counter_rng.h"
 
+#include "core/hash.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/native/Math.h>
 
@@ -25,12 +27,6 @@ Block philox(Block ctr, uint64_t key) {
   return ctr;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Two uniform doubles of element k: u1 in (0, 1], u2 in [0, 1), 53 bits each.
 std::pair<double, double> uniforms(uint64_t key, int64_t k) {
@@ -55,8 +51,7 @@ void fill(at::Tensor& out, int64_t first, F draw) {
 }  // namespace
 
 uint64_t param_stream_key(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001B3ull;
+  const uint64_t h = fnv1a(kFnv1aOffset, name.data(), name.size());
   return splitmix64(splitmix64(seed) ^ h);
 }
 

@@ -1,5 +1,7 @@
 #include "core/token_cache.h"
 
+#include "core/hash.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,17 +22,6 @@ namespace titan {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr uint64_t kFnvOffset = 14695981039346656037ull;
-constexpr uint64_t kFnvPrime = 1099511628211ull;
-
-uint64_t fnv1a(uint64_t h, const char* p, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= kFnvPrime;
-  }
-  return h;
-}
 
 std::string hex64(uint64_t v) {
   char b[17];
@@ -74,7 +65,7 @@ CacheKey cache_key(const std::string& raw, const std::string& tokenizer_file,
   if (stem.size() > 64) stem.resize(64);
   const std::string dir = o.cache_dir.empty() ? default_cache_dir() : o.cache_dir;
   const std::string name =
-      dir + "/" + stem + "-" + hex64(fnv1a(kFnvOffset, k.text.data(), k.text.size()));
+      dir + "/" + stem + "-" + hex64(fnv1a(kFnv1aOffset, k.text.data(), k.text.size()));
   k.tok_path = name + ".tok";
   k.key_path = name + ".key";
   return k;
@@ -119,7 +110,7 @@ std::string file_content_hash(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw UserError("tokenizer file '" + path + "': cannot be read (" + std::strerror(errno) + ")");
-  uint64_t h = kFnvOffset;
+  uint64_t h = kFnv1aOffset;
   char buf[1 << 16];
   while (f.read(buf, sizeof buf) || f.gcount() > 0)
     h = fnv1a(h, buf, static_cast<size_t>(f.gcount()));
