@@ -53,6 +53,18 @@ std::map<int64_t, Step> read_metrics(const std::string& file) {
   return out;
 }
 
+// Max relative differences of loss and grad norm between two runs' metrics, step by step.
+std::pair<double, double> worst_rel(const std::map<int64_t, Step>& a,
+                                    const std::map<int64_t, Step>& b) {
+  double loss = 0, norm = 0;
+  for (auto& [step, s] : a) {
+    const Step& t = b.at(step);
+    loss = std::max(loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
+    norm = std::max(norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
+  }
+  return {loss, norm};
+}
+
 using test::wait_for;
 
 // One rank started by hand with the environment torchrun would give it.
@@ -150,14 +162,9 @@ TEST_CASE("layouts 1 rank and DDP 2 and FSDP 2 and HSDP 2x2 agree over 20 steps"
       CHECK(mem <= l.memory * 1.02);  // padding rows of dims that do not divide evenly
       auto m = read_metrics(dir.file("metrics.jsonl"));
       REQUIRE(m.size() == 20);
-      double worst_loss = 0, worst_norm = 0;
-      for (auto& [step, s] : ref) {
-        const Step& t = m.at(step);
-        worst_loss = std::max(worst_loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
-        worst_norm =
-            std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
+      const auto [worst_loss, worst_norm] = worst_rel(ref, m);
+      for (auto& [step, t] : m)
         CHECK(t.loss_max >= t.loss - 1e-6);  // the worst rank's mean bounds the global mean
-      }
       WARN(l.name << " vs 1 rank, max relative difference over 20 steps: loss " << worst_loss
                   << ", grad norm " << worst_norm << "; memory per rank " << mem);
       CHECK(worst_loss < 1e-5);
@@ -213,13 +220,7 @@ TEST_CASE("overlapped FSDP, HSDP and DDP with checkpointing and accumulation mat
       CHECK_THAT(r.out, Contains("comm_wait_ms: "));
       auto m = read_metrics(dir.file("metrics.jsonl"));
       REQUIRE(m.size() == 8);
-      double worst_loss = 0, worst_norm = 0;
-      for (auto& [step, s] : ref) {
-        const Step& t = m.at(step);
-        worst_loss = std::max(worst_loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
-        worst_norm =
-            std::max(worst_norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
-      }
+      const auto [worst_loss, worst_norm] = worst_rel(ref, m);
       double wait = 0;
       for (auto& [step, j] : test::training_metrics(dir.file("metrics.jsonl"))) {
         REQUIRE(j.contains("comm_wait_ms"));
@@ -267,18 +268,6 @@ TEST_CASE("expert parallelism ep 1 and 2 and 4 at dp_shard 4 give the same losse
                                                                         << worst_norm);
   CHECK(worst < 1e-6);
   CHECK(worst_norm < 1e-6);
-}
-
-// Max relative differences of loss and grad norm between two runs' metrics, step by step.
-static std::pair<double, double> worst_rel(const std::map<int64_t, Step>& a,
-                                    const std::map<int64_t, Step>& b) {
-  double loss = 0, norm = 0;
-  for (auto& [step, s] : a) {
-    const Step& t = b.at(step);
-    loss = std::max(loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
-    norm = std::max(norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
-  }
-  return {loss, norm};
 }
 
 TEST_CASE("with the sequence-wise aux loss, 1 rank, DDP 2, FSDP 2 and EP 2 agree",
