@@ -37,27 +37,26 @@ int64_t max_rss_kib() {
 }
 
 std::unique_ptr<Model> bench_model(int64_t seq) {
-  const int64_t experts = env_int("BENCH_EXPERTS", 0);
-  if (experts > 0) {
-    Llama4Args a = llama4_flavor("debugmodel");
+  // The shape knobs both families share (Llama3Args and Llama4Args name them alike).
+  auto shape = [seq](auto& a) {
     a.dim = env_int("BENCH_DIM", 256);
     a.n_layers = env_int("BENCH_LAYERS", 6);
     a.n_heads = env_int("BENCH_HEADS", 16);
     a.n_kv_heads = env_int("BENCH_KV_HEADS", a.n_heads);
     a.vocab_size = env_int("BENCH_VOCAB", 2048);
     a.max_seq_len = std::max<int64_t>(2048, seq);
+  };
+  const int64_t experts = env_int("BENCH_EXPERTS", 0);
+  if (experts > 0) {
+    Llama4Args a = llama4_flavor("debugmodel");
+    shape(a);
     a.moe.num_experts = experts;
     a.moe.top_k = env_int("BENCH_TOP_K", 1);
     a.moe.backend = ExpertsBackend::Loop;
     return std::make_unique<Llama4>(a, at::kCPU);
   }
   Llama3Args a = llama3_flavor("debugmodel");
-  a.dim = env_int("BENCH_DIM", 256);
-  a.n_layers = env_int("BENCH_LAYERS", 6);
-  a.n_heads = env_int("BENCH_HEADS", 16);
-  a.n_kv_heads = env_int("BENCH_KV_HEADS", a.n_heads);
-  a.vocab_size = env_int("BENCH_VOCAB", 2048);
-  a.max_seq_len = std::max<int64_t>(2048, seq);
+  shape(a);
   return std::make_unique<Llama3>(a, at::kCPU);
 }
 
