@@ -30,7 +30,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file
 
-from torchtitan_ref import _StubFinder
+from torchtitan_ref import prepare_torchtitan_import
 
 
 def job_config(a):
@@ -147,11 +147,7 @@ def main():
     ap.add_argument("--min_lr_factor", type=float, default=0.0)
     ap.add_argument("--load_balance_coeff", type=float, default=1e-3, help="<= 0: off")
     a = ap.parse_args()
-    if os.environ.get("TITAN_TORCHTITAN_PATH"):
-        sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
-    sys.meta_path.insert(0, _StubFinder())
-    _histc = torch.histc
-    torch.histc = lambda x, *p, **k: _histc(x.float(), *p, **k).to(x.dtype)
+    prepare_torchtitan_import()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     init_single_process_group()
 

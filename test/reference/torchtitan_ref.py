@@ -74,17 +74,23 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+def prepare_torchtitan_import():
+    """torchtitan from TITAN_TORCHTITAN_PATH when set, its training-only imports stubbed, and
+    torch.histc made to count int64 expert ids (only CUDA implements that) through a float copy."""
+    if os.environ.get("TITAN_TORCHTITAN_PATH"):
+        sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
+    sys.meta_path.insert(0, _StubFinder())
+    histc = torch.histc
+    torch.histc = lambda x, *a, **k: histc(x.float(), *a, **k).to(x.dtype)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)
     ap.add_argument("--batch", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if os.environ.get("TITAN_TORCHTITAN_PATH"):
-        sys.path.insert(0, os.environ["TITAN_TORCHTITAN_PATH"])
-    sys.meta_path.insert(0, _StubFinder())
-    _histc = torch.histc
-    torch.histc = lambda x, *a, **k: _histc(x.float(), *a, **k).to(x.dtype)
+    prepare_torchtitan_import()
 
     with safe_open(args.batch, "pt") as f:
         a = json.loads(f.metadata()["config"])
