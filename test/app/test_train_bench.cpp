@@ -68,9 +68,19 @@ TEST_CASE("bench: training steps of a configurable model on random tokens", "[.t
   const int64_t steps = env_int("BENCH_STEPS", 20);
   std::unique_ptr<Model> model = bench_model(T);
   model->init_weights(0);
-  std::vector<bool> decay;
-  for (auto& p : model->params().all()) decay.push_back(p.weight_decay);
-  OptimizerSection oc{"AdamW", 8e-4, 0.9, 0.95, 1e-8, 0.1, "fused"};
+  // torch.optim.AdamW(model.parameters(), weight_decay=0.1, fused=True), as train_ref.py:
+  // every parameter decays. Fields by name: a positional list once put "fused" into a field
+  // added later, and the bench silently measured the per-tensor loop optimizer.
+  std::vector<bool> decay(model->params().all().size(), true);
+  OptimizerSection oc;
+  oc.name = "AdamW";
+  oc.lr = 8e-4;
+  oc.beta1 = 0.9;
+  oc.beta2 = 0.95;
+  oc.eps = 1e-8;
+  oc.weight_decay = 0.1;
+  oc.weight_decay_scope = "all";
+  oc.implementation = "fused";
   AdamW opt(model->params().tensors(), decay, oc);
   const int64_t V = model->info().vocab_size;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
