@@ -62,6 +62,7 @@ std::vector<const HfImportTarget*> match_targets(const HfImportTargets& targets,
   for (auto& t : targets) {
     TORCH_CHECK(by_name.emplace(t.name, &t).second, "hf interop: tensor '", t.name,
                 "' given twice");
+    TORCH_CHECK(!t.dst.is_meta(), "hf interop: '", t.name, "' is not materialized");
     // dst must be a run of whole rows of full_shape.
     const int64_t dims = static_cast<int64_t>(t.full_shape.size());
     TORCH_CHECK(t.dst.dim() == dims, "hf interop: '", t.name, "' has ", t.dst.dim(),

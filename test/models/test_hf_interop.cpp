@@ -1203,7 +1203,7 @@ void check_sharded_import(const M& full, const std::function<std::unique_ptr<M>(
 
 }  // namespace
 
-TEST_CASE("hf: a sharded import reads only its rows, for every transform", "[hf]") {
+TEST_CASE("hf: a sharded import reads only its rows of each transform", "[hf]") {
   // Three transforms, shapes chosen so that shard boundaries fall inside RoPE heads (head
   // dim 6) and experts split unevenly (5 over 2, 3 or 4 ranks: the last of 4 holds none).
   // Reference: the whole-tensor import of the same bf16 folder, bit for bit. The bytes read
@@ -1274,6 +1274,11 @@ TEST_CASE("hf: FSDP-sharded llama3 and deepseek_v3 parameters import the full im
     full.init_weights(43);
     const HfImportStats st = import_llama3_hf(full, tmp.file("hf"));
     CHECK(st.bytes_read == st.bytes_total);
+    for (size_t i = 0; i < src.params().all().size(); ++i) {  // the whole import is right
+      INFO(src.params().all()[i].name);
+      const at::Tensor& want = src.params().all()[i].value;
+      CHECK(full.params().all()[i].value.equal(want.detach().to(at::kBFloat16).to(at::kFloat)));
+    }
     CHECK(st.describe().find(" MiB of Hugging Face tensor data") != std::string::npos);
     for (int64_t k : {2, 3, 4})
       check_sharded_import<Llama3>(
