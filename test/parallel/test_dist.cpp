@@ -740,3 +740,41 @@ TEST_CASE("FSDP 2 with ep 2 starts deepseek_v3 from Hugging Face weights reading
       {{"fsdp2-ep2", 2, "--training.local_batch_size 2 --parallelism.expert_parallel_degree 2", 2}},
       "hfrows-ds-");
 }
+
+TEST_CASE("FSDP 2 from a Hugging Face folder of another model exits 2 naming the tensor",
+          "[dist][app][checkpoint][hf]") {
+  // The sharded import checks the whole folder before reading any row, the same way on every
+  // rank: one extra layer (config.json removed, so the tensor check is what fires) is the
+  // one-line UserError of the unsharded import, and the rank exits 2.
+  test::TempDir tmp("hfrows-bad");
+  {
+    Llama3Args a = llama3_flavor("debugmodel");
+    a.n_layers += 1;
+    Llama3 src(a, at::kCPU);
+    src.init_weights(9);
+    export_llama3_hf(src, tmp.file("hf"), {});
+    fs::remove(tmp.file("hf/config.json"));
+  }
+  // Ranks started by hand (not torchrun, which may stop one rank when the other fails first).
+  const std::string args =
+      "--training.local_batch_size 2 --training.steps 2 --checkpoint.enable "
+      "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " +
+      tmp.file("hf") + " --job.dump_folder " + tmp.file("run");
+  const int port = free_port(400);
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) ranks.push_back(spawn_rank(r, 2, port, args, tmp.path.string()));
+  const std::string msg = "titan-train: error: Hugging Face tensor 'model.layers." +
+                          std::to_string(llama3_flavor("debugmodel").n_layers) + ".";
+  // Rank 0 hosts the rendezvous store: when it exits first, rank 1 may instead fail its next
+  // store call (the data setup's barrier) before it reaches the import. Either way it ends.
+  for (const Rank& r : ranks) {
+    REQUIRE(wait_for([&] { return r.done(); }, 300));
+    const std::string log = test::read_file(r.log);
+    INFO(log);
+    CHECK(r.rc() != 0);
+    if (&r == &ranks[0] || log.find("store") == std::string::npos) {
+      CHECK(r.rc() == 2);
+      CHECK_THAT(log, Contains(msg) && Contains("is not part of this model"));
+    }
+  }
+}
