@@ -138,12 +138,12 @@ void Trainer::setup_data() {
 void Trainer::setup_model() {
   const auto& cc = cfg_.checkpoint;
   const std::string ckpt_root = (std::filesystem::path(cfg_.job.dump_folder) / cc.folder).string();
-  // Hugging Face weights initialize the whole model, before it is sharded.
   hf_init_ = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
              Checkpointer::complete_steps(ckpt_root).empty();
   // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
-  // only their own rows: no rank ever holds the whole model.
-  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ && !hf_init_);
+  // (or read from the Hugging Face folder) only their own rows: no rank ever holds the whole
+  // model.
+  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_);
   const ModelInfo& info = model_->info();
   if (tokenizer_->vocab_size() > info.vocab_size)
     throw UserError("tokenizer '" + tok_path_ + "' has a vocabulary of " +
@@ -164,10 +164,26 @@ void Trainer::setup_model() {
              "the ops between them recomputed)");
   if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
-  if (hf_init_) {
-    import_model_hf(*model_, cc.initial_load_path);
-    log_info("=> checkpoint: initialized from Hugging Face weights in " + cc.initial_load_path);
+  if (hf_init_ && !fsdp_) load_hf_init();
+}
+
+void Trainer::load_hf_init() {
+  const std::string& dir = cfg_.checkpoint.initial_load_path;
+  const HfImportStats stats = import_model_hf(*model_, dir);
+  std::string most;
+  if (pg_) {
+    // The most any rank read: with FSDP about 1/shard of the folder.
+    at::Tensor t = at::full({1}, static_cast<double>(stats.bytes_read),
+                            at::TensorOptions().dtype(at::kDouble).device(device_));
+    pg_->allreduce(t, ReduceOp::Max);
+    std::ostringstream os;
+    os.setf(std::ios::fixed);
+    os.precision(3);
+    os << " (at most " << t.item<double>() / 1048576.0 << " MiB on any rank)";
+    most = os.str();
   }
+  log_info("=> checkpoint: initialized from Hugging Face weights in " + dir + ": " +
+           stats.describe() + " on rank 0" + most);
 }
 
 // TITAN_COMM_OVERLAP=0 turns off the FSDP prefetches, the early reduce-scatter and replica
@@ -205,7 +221,10 @@ void Trainer::parallelize() {
       fo.max_inflight_reductions = 0;
     }
     sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
-    if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    if (hf_init_)
+      load_hf_init();
+    else
+      model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
   } else if (pg_) {
     const at::ScalarType reduce =

@@ -45,6 +45,8 @@ class Trainer {
   void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
+  // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
+  void load_hf_init();
   void setup_optimizer();
   void log_plan() const;
   void resume();

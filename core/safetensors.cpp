@@ -462,13 +462,36 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 
 at::Tensor SafetensorsFile::get(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  const size_t nbytes = static_cast<size_t>(e.end - e.begin);
+  return read_span(e, e.shape, 0, e.end - e.begin);
+}
+
+at::Tensor SafetensorsFile::get_rows(const std::string& name, int64_t row_begin,
+                                     int64_t rows) const {
+  const SafetensorsEntry& e = entry(name);
+  TORCH_CHECK(!e.shape.empty(), "get_rows: tensor '", name, "' in ", path_, " is a scalar");
+  TORCH_CHECK(row_begin >= 0 && rows >= 0 && row_begin + rows <= e.shape[0], "get_rows: rows [",
+              row_begin, ", ", row_begin + rows, ") are outside tensor '", name, "' of ",
+              e.shape[0], " rows in ", path_);
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < e.shape.size(); ++d) row_numel *= e.shape[d];
+  const uint64_t row_bytes = static_cast<uint64_t>(row_numel) * c10::elementSize(e.dtype);
+  std::vector<int64_t> shape = e.shape;
+  shape[0] = rows;
+  return read_span(e, shape, static_cast<uint64_t>(row_begin) * row_bytes,
+                   static_cast<uint64_t>(rows) * row_bytes);
+}
+
+at::Tensor SafetensorsFile::read_span(const SafetensorsEntry& e, const std::vector<int64_t>& shape,
+                                      uint64_t skip, uint64_t nbytes_u) const {
+  const std::string& name = e.name;
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(e.dtype));
+  const size_t nbytes = static_cast<size_t>(nbytes_u);
   if (nbytes == 0) return t;
-  std::string err = source_->read(data_start_ + e.begin, t.data_ptr(), nbytes);
+  const uint64_t at_offset = data_start_ + e.begin + skip;
+  std::string err = source_->read(at_offset, t.data_ptr(), nbytes);
   if (!err.empty()) {
     fail(path_, "cannot read tensor " + quote(name) + " (" + std::to_string(nbytes) +
-                    " bytes at file offset " + std::to_string(data_start_ + e.begin) + "): " + err);
+                    " bytes at file offset " + std::to_string(at_offset) + "): " + err);
   }
   if (e.dtype == at::ScalarType::Bool) {
     // Any byte other than 0 or 1 is not a C++ bool; refuse it rather than hand it on.
@@ -476,7 +499,8 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
     auto bad = std::find_if(p, p + nbytes, [](unsigned char c) { return c > 1; });
     if (bad != p + nbytes) {
       fail(path_, "tensor " + quote(name) + " (BOOL) holds byte " + std::to_string(*bad) +
-                      " at element " + std::to_string(bad - p) + "; BOOL bytes must be 0 or 1");
+                      " at element " + std::to_string(skip + static_cast<uint64_t>(bad - p)) +
+                      "; BOOL bytes must be 0 or 1");
     }
   }
   return t;

@@ -9,8 +9,9 @@
 //
 // The reader is strict: every inconsistency in a file is a UserError naming the file, what was
 // found and what is allowed, raised before any tensor is returned. It never maps the file: the
-// header is read once and get() reads one tensor's bytes straight into a new tensor, so a file
-// truncated or rewritten under us is an error, not a SIGBUS.
+// header is read once and get() reads one tensor's bytes (get_rows() a range of its dim-0 rows)
+// straight into a new tensor, so a file truncated or rewritten under us is an error, not a
+// SIGBUS.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -53,11 +54,19 @@ class SafetensorsFile {
   // A new contiguous CPU tensor (a copy) with the stored dtype and shape. Throws UserError when
   // the name is absent or the bytes cannot be read (file shrank since open()).
   at::Tensor get(const std::string& name) const;
+  // Rows [row_begin, row_begin + rows) of dim 0 of tensor `name` (shape [rows, rest...]), read
+  // with one pread of exactly those bytes (dim-0 rows are contiguous in the file), so a rank
+  // that needs a slice of a tensor never reads or converts the rest. c10::Error when the range
+  // is outside the tensor or the tensor is a scalar; read failures as get().
+  at::Tensor get_rows(const std::string& name, int64_t row_begin, int64_t rows) const;
   const std::string& path() const { return path_; }
 
  private:
   SafetensorsFile() = default;
   static SafetensorsFile from_source(std::shared_ptr<const SafetensorsSource> source);
+  // `nbytes` bytes of entry `e` from `skip` bytes into its data, as a new tensor of `shape`.
+  at::Tensor read_span(const SafetensorsEntry& e, const std::vector<int64_t>& shape, uint64_t skip,
+                       uint64_t nbytes) const;
 
   std::string path_;
   std::shared_ptr<const SafetensorsSource> source_;

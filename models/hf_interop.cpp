@@ -55,22 +55,36 @@ std::string shard_name(size_t k, size_t n) {
   return buf;
 }
 
-// Pairs each map entry with its tensor; every tensor must be mapped and every entry present.
-std::vector<at::Tensor> match_tensors(const NamedTensors& tensors,
-                                      const std::vector<HfTensorMap>& map) {
-  std::map<std::string, at::Tensor> by_name;
-  for (auto& [name, t] : tensors) {
-    TORCH_CHECK(by_name.emplace(name, t).second, "hf interop: tensor '", name, "' given twice");
+// Pairs each map entry with its target; every target must be mapped and every entry present.
+std::vector<const HfImportTarget*> match_targets(const HfImportTargets& targets,
+                                                 const std::vector<HfTensorMap>& map) {
+  std::map<std::string, const HfImportTarget*> by_name;
+  for (auto& t : targets) {
+    TORCH_CHECK(by_name.emplace(t.name, &t).second, "hf interop: tensor '", t.name,
+                "' given twice");
+    TORCH_CHECK(!t.dst.is_meta(), "hf interop: '", t.name, "' is not materialized");
+    // dst must be a run of whole rows of full_shape.
+    const int64_t dims = static_cast<int64_t>(t.full_shape.size());
+    TORCH_CHECK(t.dst.dim() == dims, "hf interop: '", t.name, "' has ", t.dst.dim(),
+                " dims but its full shape ", shape_str(t.full_shape), " has ", dims);
+    if (dims > 0) {
+      TORCH_CHECK(t.dst.sizes().slice(1).vec() ==
+                          std::vector<int64_t>(t.full_shape.begin() + 1, t.full_shape.end()) &&
+                      t.row_offset >= 0 && t.row_offset + t.dst.size(0) <= t.full_shape[0],
+                  "hf interop: '", t.name, "' rows ", shape_str(t.dst.sizes()), " at offset ",
+                  t.row_offset, " do not fit its full shape ", shape_str(t.full_shape));
+    }
   }
-  std::vector<at::Tensor> out;
+  std::vector<const HfImportTarget*> out;
   for (auto& m : map) {
     auto it = by_name.find(m.ours);
     TORCH_CHECK(it != by_name.end(), "hf interop: the map names '", m.ours,
                 "' but the model has no such tensor");
+    const std::vector<int64_t>& full = it->second->full_shape;
     if (m.transform == HfTransform::kSplitExperts) {
-      TORCH_CHECK(it->second.dim() >= 1 && it->second.size(0) == static_cast<int64_t>(m.hf.size()),
-                  "hf interop: '", m.ours, "' has shape ", shape_str(it->second.sizes()),
-                  " but the map splits it into ", m.hf.size(), " experts");
+      TORCH_CHECK(!full.empty() && full[0] == static_cast<int64_t>(m.hf.size()), "hf interop: '",
+                  m.ours, "' has shape ", shape_str(full), " but the map splits it into ",
+                  m.hf.size(), " experts");
     }
     out.push_back(it->second);
     by_name.erase(it);
@@ -78,6 +92,14 @@ std::vector<at::Tensor> match_tensors(const NamedTensors& tensors,
   TORCH_CHECK(by_name.empty(), "hf interop: tensor '",
               by_name.empty() ? std::string() : by_name.begin()->first,
               "' has no Hugging Face name in the map");
+  return out;
+}
+
+std::vector<at::Tensor> match_tensors(const NamedTensors& tensors,
+                                      const std::vector<HfTensorMap>& map) {
+  const HfImportTargets targets = hf_targets(tensors);
+  std::vector<at::Tensor> out;
+  for (const HfImportTarget* t : match_targets(targets, map)) out.push_back(t->dst);
   return out;
 }
 
@@ -317,17 +339,17 @@ HfFolder open_hf_folder(const std::string& dir) {
 
 }  // namespace
 
-void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
-               const std::string& dir_arg, const HfSkip& skip) {
-  validate_hf_map(map);
-  const std::vector<at::Tensor> ours = match_tensors(tensors, map);
-  const std::string dir = strip_slashes(dir_arg);
-  HfFolder folder = open_hf_folder(dir);
+namespace {
 
-  // Check every name, shape and dtype before touching the model.
+// Checks every name, shape (the whole one) and dtype of `folder` against the map before
+// anything is modified, and returns the bytes of the mapped HF tensors.
+int64_t check_hf_folder(const HfFolder& folder, const std::vector<HfTensorMap>& map,
+                        const std::vector<const HfImportTarget*>& ours, const std::string& dir,
+                        const HfSkip& skip) {
   std::set<std::string> expected;
+  int64_t total = 0;
   for (size_t i = 0; i < map.size(); ++i) {
-    const std::vector<int64_t> want = hf_shape(map[i], ours[i].sizes());
+    const std::vector<int64_t> want = hf_shape(map[i], ours[i]->full_shape);
     for (auto& name : map[i].hf) {
       expected.insert(name);
       auto it = folder.where.find(name);
@@ -338,11 +360,12 @@ void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
       if (e.shape != want)
         throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
                         " has shape " + shape_str(e.shape) + "; expected " + shape_str(want) +
-                        " (our " + map[i].ours + " " + shape_str(ours[i].sizes()) + ")");
+                        " (our " + map[i].ours + " " + shape_str(ours[i]->full_shape) + ")");
       if (!at::isFloatingType(e.dtype))
         throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
                         " has dtype " + safetensors_dtype_name(e.dtype) +
                         "; expected a floating dtype (F64, F32, F16, BF16)");
+      total += static_cast<int64_t>(e.end - e.begin);
     }
   }
   size_t skipped = 0;
@@ -359,19 +382,125 @@ void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
   if (skipped > 0)
     log_info("Hugging Face import from " + dir + ": skipped " + std::to_string(skipped) +
              " tensors of modules this model does not have");
+  return total;
+}
+
+// The HF row each of our rows [o, o + n) comes from (kNone and kRopePermute). For the RoPE
+// permutation, our row j of a head of d rows is pair j / 2, part j % 2; HF keeps the real
+// parts in the head's first half and the imaginary parts in its second (to_hf_layout).
+std::vector<int64_t> hf_rows_of(const HfTensorMap& m, int64_t rows_total, int64_t o, int64_t n) {
+  std::vector<int64_t> r(static_cast<size_t>(n));
+  const int64_t d = m.transform == HfTransform::kRopePermute ? rows_total / m.rope_heads : 0;
+  TORCH_CHECK(m.transform != HfTransform::kRopePermute || rows_total % (2 * m.rope_heads) == 0,
+              "hf interop: '", m.ours, "' rows ", rows_total, " do not split into ", m.rope_heads,
+              " heads of even size");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = o + i;
+    if (d == 0) {
+      r[static_cast<size_t>(i)] = row;
+    } else {
+      const int64_t head = row / d, j = row % d;
+      r[static_cast<size_t>(i)] = head * d + (j % 2) * (d / 2) + j / 2;
+    }
+  }
+  return r;
+}
+
+// Rows `rows` of HF tensor `name`, in that order, read as the contiguous runs the sorted rows
+// form (one pread each). Adds the bytes read to `bytes`.
+at::Tensor read_hf_rows(const SafetensorsFile& f, const std::string& name,
+                        const std::vector<int64_t>& rows, int64_t& bytes) {
+  std::vector<int64_t> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<at::Tensor> runs;
+  for (size_t a = 0; a < sorted.size();) {
+    size_t b = a + 1;
+    while (b < sorted.size() && sorted[b] == sorted[b - 1] + 1) ++b;
+    runs.push_back(f.get_rows(name, sorted[a], static_cast<int64_t>(b - a)));
+    bytes += static_cast<int64_t>(runs.back().nbytes());
+    a = b;
+  }
+  at::Tensor got = runs.size() == 1 ? runs[0] : at::cat(runs);
+  if (sorted == rows) return got;
+  std::vector<int64_t> pos;
+  for (int64_t r : rows)
+    pos.push_back(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin());
+  return got.index_select(0, at::tensor(pos, at::kLong));
+}
+
+// Target t's rows from the HF tensors of entry m, in t's dtype (on the CPU).
+at::Tensor read_target_rows(const HfFolder& folder, const HfTensorMap& m, const HfImportTarget& t,
+                            int64_t& bytes) {
+  const at::ScalarType dtype = t.dst.scalar_type();
+  auto whole = [&](const std::string& name) {
+    at::Tensor w = folder.where.at(name)->get(name);
+    bytes += static_cast<int64_t>(w.nbytes());
+    return w.to(dtype);
+  };
+  if (t.full_shape.empty()) return whole(m.hf.at(0));  // a scalar has no rows
+  const int64_t o = t.row_offset, n = t.dst.size(0);
+  if (m.transform == HfTransform::kSplitExperts) {
+    std::vector<at::Tensor> experts;
+    for (int64_t e = o; e < o + n; ++e) experts.push_back(whole(m.hf.at(static_cast<size_t>(e))));
+    return at::stack(experts, 0);
+  }
+  const std::string& name = m.hf.at(0);
+  return read_hf_rows(*folder.where.at(name), name, hf_rows_of(m, t.full_shape[0], o, n), bytes)
+      .to(dtype);
+}
+
+}  // namespace
+
+HfImportTargets hf_targets(const NamedTensors& tensors) {
+  HfImportTargets r;
+  for (auto& [name, t] : tensors) r.push_back({name, t, t.sizes().vec(), 0});
+  return r;
+}
+
+HfImportTargets hf_targets(const ParamStore& params) {
+  HfImportTargets r;
+  for (auto& p : params.all())
+    r.push_back(
+        {p.name, p.valid(p.value.detach()), p.full_shape(), p.sharded() ? p.dim0_offset : 0});
+  return r;
+}
+
+std::string HfImportStats::describe() const {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(3);
+  os << "read " << bytes_read / 1048576.0 << " of " << bytes_total / 1048576.0
+     << " MiB of Hugging Face tensor data";
+  return os.str();
+}
+
+HfImportStats import_hf(const HfImportTargets& targets, const std::vector<HfTensorMap>& map,
+                        const std::string& dir_arg, const HfSkip& skip) {
+  validate_hf_map(map);
+  const std::vector<const HfImportTarget*> ours = match_targets(targets, map);
+  const std::string dir = strip_slashes(dir_arg);
+  HfFolder folder = open_hf_folder(dir);
+  HfImportStats stats;
+  stats.bytes_total = check_hf_folder(folder, map, ours, dir, skip);
 
   at::NoGradGuard ng;
   for (size_t i = 0; i < map.size(); ++i) {
-    std::vector<at::Tensor> hf;
-    for (auto& name : map[i].hf)
-      hf.push_back(folder.where.at(name)->get(name).to(ours[i].scalar_type()));
-    at::Tensor dst = ours[i];
-    dst.copy_(from_hf_layout(map[i], hf));
+    const HfImportTarget& t = *ours[i];
+    if (t.dst.dim() > 0 && t.dst.size(0) == 0) continue;  // this rank holds none of its rows
+    at::Tensor dst = t.dst;
+    dst.copy_(read_target_rows(folder, map[i], t, stats.bytes_read));
   }
+  return stats;
 }
 
-void import_hf(ParamStore& params, const std::vector<HfTensorMap>& map, const std::string& dir) {
-  import_hf(named(params), map, dir);
+HfImportStats import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+                        const std::string& dir, const HfSkip& skip) {
+  return import_hf(hf_targets(tensors), map, dir, skip);
+}
+
+HfImportStats import_hf(ParamStore& params, const std::vector<HfTensorMap>& map,
+                        const std::string& dir) {
+  return import_hf(hf_targets(params), map, dir);
 }
 
 // ---- Llama-3 ----------------------------------------------------------------------------------
@@ -514,9 +643,9 @@ void check_llama3_hf_config(const Llama3Args& a, const std::string& dir) {
 
 }  // namespace
 
-void import_llama3_hf(Llama3& model, const std::string& dir) {
+HfImportStats import_llama3_hf(Llama3& model, const std::string& dir) {
   check_llama3_hf_config(model.args(), dir);
-  import_hf(model.params(), llama3_hf_map(model.args()), dir);
+  return import_hf(model.params(), llama3_hf_map(model.args()), dir);
 }
 
 // ---- DeepSeek-V3 --------------------------------------------------------------------------------
@@ -669,6 +798,13 @@ NamedTensors deepseek_v3_hf_tensors(const DeepSeekV3& model) {
   return r;
 }
 
+HfImportTargets deepseek_v3_hf_targets(const DeepSeekV3& model) {
+  HfImportTargets r = hf_targets(model.params());
+  for (MoELayer* m : model.moe_layers())
+    r.push_back({m->prefix() + "expert_bias", m->expert_bias, m->expert_bias.sizes().vec(), 0});
+  return r;
+}
+
 namespace {
 
 // What our DeepSeek-V3 can compute that DeepseekV3ForCausalLM cannot represent at all.
@@ -725,7 +861,7 @@ void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
             deepseek_v3_hf_config(a, opts.dtype), dir, opts);
 }
 
-void import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir) {
+HfImportStats import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir) {
   const DeepSeekV3Args& a = model.args();
   require_deepseek_v3_exportable(a, "import from Hugging Face");
   check_deepseek_v3_hf_config(a, dir);
@@ -742,7 +878,8 @@ void import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir) {
     }
     return end > 0 && l >= a.n_layers;
   };
-  import_hf(deepseek_v3_hf_tensors(model), deepseek_v3_hf_map(deepseek_v3_hf_layout(a)), dir, mtp);
+  return import_hf(deepseek_v3_hf_targets(model), deepseek_v3_hf_map(deepseek_v3_hf_layout(a)), dir,
+                   mtp);
 }
 
 // ---- Any model ----------------------------------------------------------------------------------
@@ -774,10 +911,10 @@ void export_model_hf(const Model& model, const std::string& dir, const HfExportO
   export_deepseek_v3_hf(dynamic_cast<const DeepSeekV3&>(model), dir, opts);
 }
 
-void import_model_hf(Model& model, const std::string& dir) {
+HfImportStats import_model_hf(Model& model, const std::string& dir) {
   require_hf_supported(model, "import from Hugging Face");
   if (auto* llama = dynamic_cast<Llama3*>(&model)) return import_llama3_hf(*llama, dir);
-  import_deepseek_v3_hf(dynamic_cast<DeepSeekV3&>(model), dir);
+  return import_deepseek_v3_hf(dynamic_cast<DeepSeekV3&>(model), dir);
 }
 
 }  // namespace titan

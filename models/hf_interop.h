@@ -73,15 +73,48 @@ void export_hf(const ParamStore& params, const std::vector<HfTensorMap>& map,
 // HF tensor names an import skips on purpose (true: skip), e.g. modules we do not train.
 using HfSkip = std::function<bool(const std::string& hf_name)>;
 
+// One tensor of ours an import fills: `dst` holds global rows [row_offset, row_offset +
+// dst.size(0)) of a tensor of `full_shape` (all of it when unsharded; a rank's valid rows
+// of an FSDP shard otherwise, see Param in core/model.h).
+struct HfImportTarget {
+  std::string name;
+  at::Tensor dst;
+  std::vector<int64_t> full_shape;
+  int64_t row_offset = 0;
+};
+using HfImportTargets = std::vector<HfImportTarget>;
+
+// Whole tensors (row_offset 0, full_shape = their shape).
+HfImportTargets hf_targets(const NamedTensors& tensors);
+// Every parameter's valid rows (p.valid(p.value)) at its dim0_offset, with full_shape().
+HfImportTargets hf_targets(const ParamStore& params);
+
+// What an import read: the bytes of tensor data it read from the files (only the rows its
+// targets hold) and the bytes of every mapped HF tensor in the folder (the whole model).
+struct HfImportStats {
+  int64_t bytes_read = 0;
+  int64_t bytes_total = 0;
+  // "read X of Y MiB of Hugging Face tensor data"
+  std::string describe() const;
+};
+
 // Reads the HF folder `dir` (model.safetensors.index.json + shards, or one model.safetensors)
-// into `tensors` (copy_ into the live tensors, converting dtype and device). Every mapped HF
-// tensor must be present with the right shape and a floating dtype, and no other tensor may be
-// present (rotary inv_freq buffers and names `skip` accepts aside); everything is checked
-// before any tensor is modified. Violations are UserErrors naming the HF tensor, its file,
-// found and expected.
-void import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
-               const std::string& dir, const HfSkip& skip = {});
-void import_hf(ParamStore& params, const std::vector<HfTensorMap>& map, const std::string& dir);
+// into the targets (copy_ into the live tensors, converting dtype and device). Every mapped HF
+// tensor must be present with the right (whole) shape and a floating dtype, and no other
+// tensor may be present (rotary inv_freq buffers and names `skip` accepts aside); everything
+// is checked before any tensor is modified. Violations are UserErrors naming the HF tensor,
+// its file, found and expected.
+//
+// Only the HF rows a target needs are read and converted: for its rows [o, o + n), rows
+// [o, o + n) of the HF tensor (kNone), the HF rows they come from (kRopePermute; read as the
+// contiguous runs they form, at most two per head), or the HF tensors of experts [o, o + n)
+// (kSplitExperts). A sharded model therefore reads about 1/shards of the folder per rank.
+HfImportStats import_hf(const HfImportTargets& targets, const std::vector<HfTensorMap>& map,
+                        const std::string& dir, const HfSkip& skip = {});
+HfImportStats import_hf(const NamedTensors& tensors, const std::vector<HfTensorMap>& map,
+                        const std::string& dir, const HfSkip& skip = {});
+HfImportStats import_hf(ParamStore& params, const std::vector<HfTensorMap>& map,
+                        const std::string& dir);
 
 // ---- Llama-3 ----------------------------------------------------------------------------------
 
@@ -89,7 +122,7 @@ std::vector<HfTensorMap> llama3_hf_map(const Llama3Args& args);
 // transformers' LlamaConfig for `args`; `dtype` becomes torch_dtype.
 nlohmann::ordered_json llama3_hf_config(const Llama3Args& args, at::ScalarType dtype);
 void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts);
-void import_llama3_hf(Llama3& model, const std::string& dir);
+HfImportStats import_llama3_hf(Llama3& model, const std::string& dir);
 
 // ---- DeepSeek-V3 --------------------------------------------------------------------------------
 
@@ -128,6 +161,9 @@ DeepSeekV3HfLayout deepseek_v3_hf_layout(const DeepSeekV3Args& args);
 nlohmann::ordered_json deepseek_v3_hf_config(const DeepSeekV3Args& args, at::ScalarType dtype);
 // The tensors the map covers, live: the parameters and every MoE layer's expert bias.
 NamedTensors deepseek_v3_hf_tensors(const DeepSeekV3& model);
+// The same as import targets: each parameter's valid rows (sharded or not) and the whole
+// expert-bias buffers (never sharded).
+HfImportTargets deepseek_v3_hf_targets(const DeepSeekV3& model);
 // A softmax-routed model (the debugmodel, 16B and 236B flavors) exports fine, but transformers'
 // DeepseekV3ForCausalLM routes with sigmoid whatever config.json says, so it computes another
 // function of the same weights there: the export logs a warning.
@@ -136,7 +172,7 @@ void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
 // Also checks config.json's structural fields against the model (UserError) and warns about
 // routing or RoPE settings that differ. Tensors of multi-token-prediction modules
 // (model.layers.<n_layers and up>.*, in DeepSeek-V3's release) are skipped.
-void import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir);
+HfImportStats import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir);
 
 // ---- Any model ---------------------------------------------------------------------------------
 
@@ -150,9 +186,10 @@ void require_hf_supported(const Model& model, const std::string& what);
 // for deepseek_v3 the expert-bias buffers too (what convert-hf reads and writes).
 NamedTensors hf_tensors(const Model& model);
 // Dispatch on the model family to export_llama3_hf / export_deepseek_v3_hf and the imports;
-// other families are UserErrors (require_hf_supported).
+// other families are UserErrors (require_hf_supported). The import works on a sharded model
+// too (after FSDP has cut the parameters): each rank reads only its own rows.
 void export_model_hf(const Model& model, const std::string& dir, const HfExportOptions& opts);
-void import_model_hf(Model& model, const std::string& dir);
+HfImportStats import_model_hf(Model& model, const std::string& dir);
 
 // "float32" | "bfloat16" | "float16" -> dtype; otherwise a UserError naming `what`.
 at::ScalarType hf_export_dtype(const std::string& name, const std::string& what);

@@ -1139,3 +1139,175 @@ TEST_CASE("hf: convert-hf converts deepseek_v3 both ways", "[hf][cli]") {
   CHECK(r.rc == 2);
   CHECK(r.out.find("does not exist") != std::string::npos);
 }
+
+// ---- Row-range (sharded) import -----------------------------------------------------------------
+
+namespace {
+
+// Cuts every parameter along dim 0 as FSDP does for rank r of k (parallel/fsdp.cpp
+// shard_param): rows [r*c, (r+1)*c) with c = ceil(rows / k), zero padding to c rows.
+void shard_like_fsdp(ParamStore& ps, int64_t k, int64_t r) {
+  at::NoGradGuard ng;
+  for (Param& p : ps.all()) {
+    const std::vector<int64_t> global = p.value.sizes().vec();
+    const int64_t rows = global[0], chunk = (rows + k - 1) / k;
+    const int64_t begin = std::min(rows, r * chunk);
+    std::vector<int64_t> shape = global;
+    shape[0] = chunk;
+    p.value = at::full(shape, 7.0).requires_grad_(true);  // not zero: the import must write
+    p.global_shape = global;
+    p.dim0_offset = begin;
+    p.dim0_rows = std::min(rows, begin + chunk) - begin;
+  }
+}
+
+// The bytes of `p`'s valid rows in a folder holding it as `hf_dtype`.
+int64_t row_bytes(const Param& p, at::ScalarType hf_dtype) {
+  const std::vector<int64_t> full = p.full_shape();
+  int64_t numel = 1;
+  for (size_t d = 1; d < full.size(); ++d) numel *= full[d];
+  return p.dim0_rows * numel * static_cast<int64_t>(c10::elementSize(hf_dtype));
+}
+
+// For a model whose parameters `import` fills after shard_like_fsdp(k, r): every rank's valid
+// rows equal the full import's bit for bit, padding stays as it was, and each rank reads
+// exactly its rows' bytes (plus `extra_per_rank`, tensors every rank reads whole).
+template <class M>
+void check_sharded_import(const M& full, const std::function<std::unique_ptr<M>()>& make,
+                          const std::function<HfImportStats(M&)>& import, int64_t k,
+                          at::ScalarType hf_dtype, int64_t extra_per_rank) {
+  int64_t sum_read = 0, total = -1;
+  for (int64_t r = 0; r < k; ++r) {
+    std::unique_ptr<M> m = make();
+    shard_like_fsdp(m->params(), k, r);
+    const HfImportStats st = import(*m);
+    int64_t want_read = extra_per_rank;
+    for (size_t i = 0; i < full.params().all().size(); ++i) {
+      const Param& p = m->params().all()[i];
+      INFO("rank " << r << " of " << k << ": " << p.name << " rows [" << p.dim0_offset << ", "
+                   << p.dim0_offset + p.dim0_rows << ")");
+      const at::Tensor want =
+          full.params().all()[i].value.detach().narrow(0, p.dim0_offset, p.dim0_rows);
+      CHECK(p.valid(p.value).equal(want));
+      const int64_t pad = p.value.size(0) - p.dim0_rows;
+      if (pad > 0) CHECK(p.value.narrow(0, p.dim0_rows, pad).eq(7.0).all().item<bool>());
+      want_read += row_bytes(p, hf_dtype);
+    }
+    CHECK(st.bytes_read == want_read);
+    CHECK((total < 0 || st.bytes_total == total));
+    total = st.bytes_total;
+    sum_read += st.bytes_read - extra_per_rank;
+  }
+  CHECK(sum_read + extra_per_rank == total);  // every row read once over the ranks
+}
+
+}  // namespace
+
+TEST_CASE("hf: a sharded import reads only its rows of each transform", "[hf]") {
+  // Three transforms, shapes chosen so that shard boundaries fall inside RoPE heads (head
+  // dim 6) and experts split unevenly (5 over 2, 3 or 4 ranks: the last of 4 holds none).
+  // Reference: the whole-tensor import of the same bf16 folder, bit for bit. The bytes read
+  // are exactly the rows' bf16 bytes.
+  std::vector<HfTensorMap> map = {
+      {"plain", {"hf.plain"}, HfTransform::kNone, 0},
+      {"norm", {"hf.norm"}, HfTransform::kNone, 0},
+      {"q", {"hf.q"}, HfTransform::kRopePermute, 3},
+      {"experts", {"hf.e0", "hf.e1", "hf.e2", "hf.e3", "hf.e4"}, HfTransform::kSplitExperts, 0},
+  };
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"plain", {10, 6}}, {"norm", {7}}, {"q", {18, 5}}, {"experts", {5, 3, 2}}};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(41);
+  NamedTensors src, whole;
+  for (auto& m : map) {
+    src.emplace_back(m.ours, at::randn(shapes.at(m.ours), gen));
+    whole.emplace_back(m.ours, at::zeros(shapes.at(m.ours)));
+  }
+  test::TempDir tmp("hf-rows");
+  HfExportOptions opts;
+  opts.dtype = at::kBFloat16;
+  opts.max_shard_bytes = 200;  // several files
+  export_hf(src, map, {{"model_type", "test"}}, tmp.file("hf"), opts);
+  const HfImportStats all = import_hf(whole, map, tmp.file("hf"));
+  CHECK(all.bytes_read == all.bytes_total);
+  CHECK(all.bytes_total == (60 + 7 + 90 + 30) * 2);
+  CHECK(whole[2].second.equal(src[2].second.to(at::kBFloat16).to(at::kFloat)));
+
+  for (int64_t k : {2, 3, 4}) {
+    int64_t sum = 0;
+    for (int64_t r = 0; r < k; ++r) {
+      HfImportTargets targets;
+      int64_t want_read = 0;
+      for (auto& [name, t] : whole) {
+        const int64_t rows = t.size(0), chunk = (rows + k - 1) / k;
+        const int64_t o = std::min(rows, r * chunk), n = std::min(rows, o + chunk) - o;
+        targets.push_back({name, at::full(t.narrow(0, o, n).sizes(), 7.0), t.sizes().vec(), o});
+        want_read += t.narrow(0, o, n).numel() * 2;
+      }
+      const HfImportStats st = import_hf(targets, map, tmp.file("hf"));
+      for (size_t i = 0; i < targets.size(); ++i) {
+        const HfImportTarget& t = targets[i];
+        INFO("rank " << r << " of " << k << ": " << t.name << " rows from " << t.row_offset);
+        CHECK(t.dst.equal(whole[i].second.narrow(0, t.row_offset, t.dst.size(0))));
+      }
+      CHECK(st.bytes_read == want_read);
+      CHECK(st.bytes_total == all.bytes_total);
+      sum += st.bytes_read;
+    }
+    CHECK(sum == all.bytes_total);
+  }
+}
+
+TEST_CASE("hf: FSDP-sharded llama3 and deepseek_v3 parameters import the full import's rows",
+          "[hf]") {
+  // Parameters cut as FSDP cuts them over 2, 3 and 4 ranks (3 puts boundaries inside RoPE
+  // heads of 16 rows and splits 8 experts 3/3/2), filled by the model's import. Reference:
+  // the same folder imported whole into an unsharded model, bit for bit.
+  SECTION("llama3") {
+    const Llama3Args a = gqa_tied_args();
+    test::TempDir tmp("hf-rows-l3");
+    Llama3 src(a, at::kCPU);
+    src.init_weights(42);
+    HfExportOptions opts;
+    opts.dtype = at::kBFloat16;
+    export_llama3_hf(src, tmp.file("hf"), opts);
+    Llama3 full(a, at::kCPU);
+    full.init_weights(43);
+    const HfImportStats st = import_llama3_hf(full, tmp.file("hf"));
+    CHECK(st.bytes_read == st.bytes_total);
+    for (size_t i = 0; i < src.params().all().size(); ++i) {  // the whole import is right
+      INFO(src.params().all()[i].name);
+      const at::Tensor& want = src.params().all()[i].value;
+      CHECK(full.params().all()[i].value.equal(want.detach().to(at::kBFloat16).to(at::kFloat)));
+    }
+    CHECK(st.describe().find(" MiB of Hugging Face tensor data") != std::string::npos);
+    for (int64_t k : {2, 3, 4})
+      check_sharded_import<Llama3>(
+          full, [&] { return std::make_unique<Llama3>(a, at::kCPU); },
+          [&](Llama3& m) { return import_llama3_hf(m, tmp.file("hf")); }, k, at::kBFloat16, 0);
+  }
+  SECTION("deepseek_v3") {
+    const DeepSeekV3Args a = ds_qlora_yarn_args();
+    test::TempDir tmp("hf-rows-ds");
+    DeepSeekV3 src(a, at::kCPU);
+    src.init_weights(44);
+    set_expert_biases(src, 45);
+    export_deepseek_v3_hf(src, tmp.file("hf"), {});
+    DeepSeekV3 full(a, at::kCPU);
+    full.init_weights(46);
+    import_deepseek_v3_hf(full, tmp.file("hf"));
+    check_same_ds_tensors(full, src);
+    // The expert biases are buffers, read whole on every rank (fp32, E per MoE layer).
+    const int64_t biases = static_cast<int64_t>(full.moe_layers().size()) * a.moe.num_experts * 4;
+    for (int64_t k : {2, 3, 4})
+      check_sharded_import<DeepSeekV3>(
+          full, [&] { return std::make_unique<DeepSeekV3>(a, at::kCPU); },
+          [&](DeepSeekV3& m) {
+            HfImportStats s = import_deepseek_v3_hf(m, tmp.file("hf"));
+            auto got = m.moe_layers(), want = full.moe_layers();
+            for (size_t i = 0; i < want.size(); ++i)
+              CHECK(got.at(i)->expert_bias.equal(want[i]->expert_bias));
+            return s;
+          },
+          k, at::kFloat, biases);
+  }
+}

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,9 @@
 
 #include "app/checkpointer.h"
 #include "core/safetensors.h"
+#include "models/deepseek_v3.h"
+#include "models/hf_interop.h"
+#include "models/llama3.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -632,4 +636,145 @@ TEST_CASE("FSDP with ep 2 exports the same Hugging Face weights as one process",
     if (!at::equal(t, b[name])) ++differ;
   }
   CHECK(differ == 0);
+}
+
+namespace {
+
+// From "=> checkpoint: initialized from Hugging Face weights in <dir>: read A of B MiB of
+// Hugging Face tensor data on rank 0 (at most C MiB on any rank)": {A, B, C}; C is -1 without
+// the parenthesis (one process), everything -1 without the line.
+std::tuple<double, double, double> hf_read_mib(const std::string& log) {
+  static const std::regex line(
+      "read ([0-9.]+) of ([0-9.]+) MiB of Hugging Face tensor data on rank 0"
+      "( \\(at most ([0-9.]+) MiB on any rank\\))?");
+  std::smatch m;
+  if (!std::regex_search(log, m, line)) return {-1, -1, -1};
+  return {std::stod(m[1]), std::stod(m[2]), m[4].matched ? std::stod(m[4]) : -1.0};
+}
+
+// Runs 1 rank and each layout from the Hugging Face folder `hf`, 3 steps: the losses and
+// grad norms agree within 1e-5 relative (the layouts' tolerance above), the single process
+// reads the whole folder and no rank of a layout reads more than its 1/`shards` share of it
+// plus 0.2% (the log rounds to 0.001 MiB; the debug models' dims divide evenly, and the
+// DeepSeek expert biases, read whole, are 32 bytes a layer).
+void check_hf_init_layouts(const std::string& model_args, const std::string& hf,
+                           const std::vector<std::tuple<std::string, int, std::string, int>>& runs,
+                           const std::string& tag) {
+  const std::string common = model_args +
+                             " --training.seq_len 64 --metrics.log_freq 1 --validation.enable "
+                             "false --metrics.enable_tensorboard false --training.steps 3 "
+                             "--debug.seed 3 --checkpoint.enable --checkpoint.interval 1000 "
+                             "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " +
+                             hf + " ";
+  test::TempDir one(tag + "1");
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  const auto [read1, total1, most1] = hf_read_mib(r1.out);
+  REQUIRE(total1 > 0);
+  CHECK(read1 == total1);
+  CHECK(most1 < 0);
+  auto ref = read_metrics(one.file("metrics.jsonl"));
+  REQUIRE(ref.size() == 3);
+  for (auto& [name, nproc, flags, shards] : runs) {
+    DYNAMIC_SECTION(name) {
+      test::TempDir dir(tag + name);
+      auto r = torchrun_train(nproc, common + flags + " --job.dump_folder " + dir.path.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains("FSDP"));
+      const auto [read, total, most] = hf_read_mib(r.out);
+      CHECK(total == total1);
+      CHECK(read <= most);
+      CHECK(most <= total / shards * 1.002 + 0.002);
+      CHECK(most >= total / shards * 0.99);
+      auto m = read_metrics(dir.file("metrics.jsonl"));
+      REQUIRE(m.size() == 3);
+      const auto [loss, norm] = worst_rel(ref, m);
+      WARN(tag << " " << name << " from Hugging Face weights vs 1 rank over 3 steps: loss " << loss
+               << ", grad norm " << norm << "; read at most " << most << " of " << total
+               << " MiB on a rank");
+      CHECK(loss < 1e-5);
+      CHECK(norm < 1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("FSDP 2 and 4 start from Hugging Face weights reading only their rows",
+          "[dist][app][checkpoint][hf]") {
+  // The folder: the llama3 debugmodel at seed 9 (not the runs' seed 3, so a run that kept
+  // its own init would differ), exported in bf16 so each rank converts only its rows.
+  test::TempDir tmp("hfrows-l3");
+  {
+    Llama3 src(llama3_flavor("debugmodel"), at::kCPU);
+    src.init_weights(9);
+    HfExportOptions opts;
+    opts.dtype = at::kBFloat16;
+    opts.max_shard_bytes = 1 << 20;  // several files
+    export_llama3_hf(src, tmp.file("hf"), opts);
+  }
+  check_hf_init_layouts("--config configs/llama3_debug.toml", tmp.file("hf"),
+                        {{"fsdp2", 2, "--training.local_batch_size 2", 2},
+                         {"fsdp4", 4, "--training.local_batch_size 1", 4}},
+                        "hfrows-l3-");
+}
+
+TEST_CASE("FSDP 2 with ep 2 starts deepseek_v3 from Hugging Face weights reading half",
+          "[dist][app][checkpoint][hf][moe]") {
+  // Dense weights are cut over the 2 ranks, each holds 4 of the 8 experts of a layer (and
+  // reads only those experts' tensors); the expert biases (nonzero here) are read whole.
+  test::TempDir tmp("hfrows-ds");
+  {
+    DeepSeekV3 src(deepseek_v3_flavor("debugmodel"), at::kCPU);
+    src.init_weights(9);
+    at::NoGradGuard ng;
+    for (MoELayer* l : src.moe_layers())
+      l->expert_bias.copy_(at::arange(l->expert_bias.size(0), at::kFloat) * 0.01);
+    export_deepseek_v3_hf(src, tmp.file("hf"), {});
+  }
+  check_hf_init_layouts(
+      "--config configs/deepseek_v3_debug.toml", tmp.file("hf"),
+      {{"fsdp2-ep2", 2, "--training.local_batch_size 2 --parallelism.expert_parallel_degree 2", 2}},
+      "hfrows-ds-");
+}
+
+TEST_CASE("FSDP 2 from a Hugging Face folder of another model exits 2 naming the tensor",
+          "[dist][app][checkpoint][hf]") {
+  // The sharded import checks the whole folder before reading any row, the same way on every
+  // rank: one extra layer (config.json removed, so the tensor check is what fires) is the
+  // one-line UserError of the unsharded import, and the rank exits 2.
+  test::TempDir tmp("hfrows-bad");
+  {
+    Llama3Args a = llama3_flavor("debugmodel");
+    a.n_layers += 1;
+    Llama3 src(a, at::kCPU);
+    src.init_weights(9);
+    export_llama3_hf(src, tmp.file("hf"), {});
+    fs::remove(tmp.file("hf/config.json"));
+  }
+  // Ranks started by hand (not torchrun, which may stop one rank when the other fails first).
+  const std::string args =
+      "--training.local_batch_size 2 --training.steps 2 --checkpoint.enable "
+      "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " +
+      tmp.file("hf") + " --job.dump_folder " + tmp.file("run");
+  const int port = free_port(400);
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) ranks.push_back(spawn_rank(r, 2, port, args, tmp.path.string()));
+  const std::string msg = "titan-train: error: Hugging Face tensor 'model.layers." +
+                          std::to_string(llama3_flavor("debugmodel").n_layers) + ".";
+  // Rank 0 hosts the rendezvous store: when it exits first, rank 1 may instead fail its next
+  // store call (the data setup's barrier) before it reaches the import. Either way it ends.
+  for (const Rank& r : ranks) {
+    REQUIRE(wait_for([&] { return r.done(); }, 300));
+    const std::string log = test::read_file(r.log);
+    INFO(log);
+    CHECK(r.rc() != 0);
+    if (&r == &ranks[0] || log.find("store") == std::string::npos) {
+      CHECK(r.rc() == 2);
+      CHECK_THAT(log, Contains(msg) && Contains("is not part of this model"));
+    }
+  }
 }
