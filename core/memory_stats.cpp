@@ -12,6 +12,7 @@ namespace {
 
 std::atomic<int64_t> g_allocated{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_total{0};
 std::atomic<bool> g_installed{false};
 
 // Each block carries its size in a 64-byte header, so the deleter (which gets only the
@@ -33,6 +34,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     const int64_t bytes = static_cast<int64_t>(n);
     std::memcpy(base, &bytes, sizeof bytes);
+    g_total.fetch_add(bytes, std::memory_order_relaxed);
     const int64_t now = g_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
@@ -59,7 +61,8 @@ bool cpu_memory_counter_installed() {
 }
 
 MemoryStats cpu_memory_stats() {
-  return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
+  return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed),
+          g_total.load(std::memory_order_relaxed)};
 }
 
 void reset_cpu_memory_peak() {
