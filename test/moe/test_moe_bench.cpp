@@ -1,4 +1,5 @@
-// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run. Hidden
+// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run, and the
+// bytes it allocates. Hidden
 // (tag [.bench]): not part of the test suite; scripts/bench_moe.sh runs it.
 #include <catch2/catch.hpp>
 
