@@ -12,7 +12,9 @@
 
 #include "core/config.h"
 #include "core/errors.h"
-#include "core/fused_loss.h"
+#include "app/meta_kernels.h"
+#include "app/train_step.h"
+#include "core/memory_stats.h"
 #include "core/model.h"
 #include "models/registry.h"
 
@@ -93,16 +95,6 @@ Sizes size_plan(const Model& m, const Plan& pl) {
   return s;
 }
 
-// Activation bytes saved per token by one block (fp32 or bf16 elements), from the tensors a
-// Llama-style block keeps for backward: the block input, the two norm outputs, q/k/v, the
-// attention output, the residual, and the SwiGLU's w1/w3 outputs and their product.
-double block_saved_per_token(const ModelInfo& info, int64_t act_bytes) {
-  const double d = static_cast<double>(info.dim);
-  const double ffn = static_cast<double>(info.n_active_non_embedding) /
-                     std::max<int64_t>(1, info.n_layers) / (3.0 * d) - 4.0 * d / 3.0;
-  return static_cast<double>(act_bytes) * (8.0 * d + 3.0 * std::max(ffn, d));
-}
-
 }  // namespace
 
 namespace {
@@ -125,31 +117,48 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   return pl;
 }
 
-// Activations held at the peak of backward for one micro-batch: every block's saved
-// tensors (none: all blocks; full: the block inputs plus one block recomputed; selective:
-// every Nth block recomputed), plus the loss's chunk buffers.
-double activation_bytes(const JobConfig& cfg, const ModelInfo& info, const Plan& pl,
-                        int64_t act_bytes) {
-  const double tokens = static_cast<double>(pl.local_batch * pl.seq_len);
-  const double block = block_saved_per_token(info, act_bytes) * tokens;
-  const double input = static_cast<double>(info.dim * act_bytes) * tokens;
-  const double layers = static_cast<double>(info.n_layers);
-  double acts = layers * block;
-  if (pl.ac == "full") {
-    acts = layers * input + block;
-  } else if (pl.ac == "selective") {
-    const std::string& o = cfg.activation_checkpoint.selective_ac_option;
-    const double every = o == "op" ? 0 : std::max(1.0, std::stod(o));
-    if (every > 0) {
-      const double recomputed = std::floor(layers / every);
-      acts = (layers - recomputed) * block + recomputed * input + block;
-    }
+// What one micro-batch's forward and backward hold beyond the parameters, gradients and
+// optimizer state, counted rather than modelled: the model is built on the meta device with
+// the run's activation checkpointing, its gradients pre-allocated (a step after the first
+// finds them allocated), and one forward and backward run on (local_batch, seq_len) meta
+// tokens while a counting allocator sums the bytes of every meta tensor. So the figure is
+// exactly the tensors each block saves for backward (the recompute's too) and every
+// transient, the loss's chunk buffers and its in-forward gradients included. Meta tensors
+// carry no routing: MoE layers assume perfectly balanced experts, and attention holds what a
+// flash kernel saves (q, k, v, output, log-sum-exp), not SDPA's meta math path.
+struct Activations {
+  double after_forward = 0;  // held at the end of the forward: saved tensors + loss grads
+  double forward_peak = 0;   // the most held at once during the forward (the loss's chunks)
+  double backward_peak = 0;  // the most held at once during the backward
+};
+
+Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
+  install_meta_memory_counter();
+  register_meta_kernels();
+  std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
+  if (pl.param_bytes == 2) {
+    // bf16 weights as FSDP gathers them (and as the cast cache holds them without FSDP,
+    // counted separately): neither the casts nor the weights a GEMM saves are activations.
+    m->set_compute_dtype(at::kBFloat16);
+    for (at::Tensor& p : m->params().tensors()) p.set_data(p.to(at::kBFloat16));
   }
-  const double chunk_tokens =
-      std::min(tokens, static_cast<double>(default_loss_chunk_tokens(info.vocab_size)));
-  const double loss = 2.0 * 4.0 * chunk_tokens * static_cast<double>(info.vocab_size) +
-                      tokens * static_cast<double>(info.dim) * 4.0;
-  return acts + loss;
+  apply_activation_checkpointing(*m, cfg.activation_checkpoint);
+  for (at::Tensor& p : m->params().tensors()) p.mutable_grad() = at::zeros_like(p);
+  const auto meta_long = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
+  at::Tensor tokens = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
+  at::Tensor labels = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
+  const int64_t base = meta_memory_stats().allocated;
+  reset_meta_memory_peak();
+  Activations a;
+  {
+    at::Tensor loss = m->token_loss_sum(tokens, labels);
+    a.after_forward = static_cast<double>(meta_memory_stats().allocated - base);
+    a.forward_peak = static_cast<double>(meta_memory_stats().peak - base);
+    reset_meta_memory_peak();
+    loss.backward();
+  }
+  a.backward_peak = static_cast<double>(meta_memory_stats().peak - base);
+  return a;
 }
 
 void print_gib(const char* what, double bytes) {
@@ -193,16 +202,20 @@ int run_estimate_command(int argc, char** argv) {
   std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
   const ModelInfo& info = m->info();
   const Sizes s = size_plan(*m, pl);
-  const int64_t act_bytes = pl.param_bytes;
-  const double acts = activation_bytes(cfg, info, pl, act_bytes);
-  double buffers = 0;
+  const Activations act = measure_activations(cfg, pl);
+  // The step's peak is either at the end of the forward (the loss's chunk buffers and
+  // in-forward gradients, with only the root units gathered) or in the backward (with the
+  // unit being differentiated gathered, the next one prefetched and the unit's full
+  // gradients, the reduce-scatter's send buffer, alive).
+  double root = 0, gathered = 0;
   if (pl.shard > 1) {
-    // The gathered block plus the prefetched one, the root units (kept gathered until their
-    // backward), and up to 2 reduce-scatter send buffers in flight.
-    buffers = 2 * s.max_unit + s.root_units +
-              2 * s.max_unit / static_cast<double>(pl.param_bytes) *
-                  static_cast<double>(pl.reduce_bytes);
+    root = s.root_units;
+    gathered = 2 * s.max_unit + s.max_unit / static_cast<double>(pl.param_bytes) *
+                                    static_cast<double>(pl.reduce_bytes);
   }
+  const double transient = std::max(act.forward_peak, act.backward_peak + gathered);
+  // Unsharded bf16 runs keep one bf16 cast of every weight per optimizer step (Model::weight).
+  const double casts = pl.shard == 1 && pl.param_bytes == 2 ? s.params / 2 : 0.0;
   std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
               static_cast<long long>(world), gpu.c_str());
   std::printf("  plan: dp_replicate %lld x dp_shard %lld (ep %lld), %lld micro-batch(es) of "
@@ -215,9 +228,13 @@ int run_estimate_command(int argc, char** argv) {
   print_gib("parameters (fp32 shards)", s.params);
   print_gib("gradients (fp32)", s.grads);
   print_gib("AdamW state (fp32 exp_avg, exp_avg_sq)", s.optim);
-  print_gib("FSDP gathered units incl. prefetch + RS buffers", buffers);
-  print_gib("activations (approximate) + loss chunks", acts);
-  print_gib("total", s.params + s.grads + s.optim + buffers + acts);
+  print_gib("bf16 weight casts (unsharded runs)", casts);
+  print_gib("FSDP root units (gathered all step)", root);
+  print_gib("FSDP gathered block + prefetch + its gradients", gathered);
+  print_gib("activations held after forward (counted)", act.after_forward);
+  print_gib("forward peak: activations + loss chunks", act.forward_peak);
+  print_gib("backward peak: activations + gradients in flight", act.backward_peak);
+  print_gib("total", s.params + s.grads + s.optim + casts + root + transient);
   const double tokens = static_cast<double>(pl.micro_batches * pl.local_batch * pl.seq_len);
   const double fpt = static_cast<double>(info.flops_per_token(pl.seq_len));
   const double compute_s = fpt * tokens / (g.peak_flops * g.efficiency);
@@ -232,8 +249,8 @@ int run_estimate_command(int argc, char** argv) {
               compute_s, comm_s, step_s, 100.0 * fpt * tokens / (step_s * g.peak_flops));
   std::printf("assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
               "rank (%lld GPUs per node); communication fully overlapped with compute; "
-              "activations from a Llama-style block's saved tensors (MoE and MLA blocks are "
-              "approximated by their active parameters)\n",
+              "activations counted from a meta-device forward and backward of one micro-batch "
+              "(balanced MoE routing, flash-attention saved tensors)\n",
               g.peak_flops, 100 * g.efficiency, intra ? "NVLink" : "inter-node",
               bw, static_cast<long long>(g.per_node));
   return 0;

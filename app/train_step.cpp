@@ -89,4 +89,33 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   return r;
 }
 
+// torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: the GEMMs whose weight has the
+// shape of a parameter named "<fqn>.weight" (in any block) are recomputed, not saved.
+static OpCheckpointPolicy op_checkpoint_policy(const Model& model,
+                                               const ActivationCheckpointSection& ac) {
+  OpCheckpointPolicy p;
+  for (const auto& prm : model.params().all())
+    for (const auto& fqn : ac.per_op_sac_force_recompute_mm_shapes_by_fqns) {
+      if (prm.name.find(fqn + ".weight") == std::string::npos) continue;
+      std::vector<int64_t> shape = prm.sharded() ? prm.global_shape : prm.value.sizes().vec();
+      if (shape.size() == 2) p.force_recompute_shapes.push_back(shape);
+    }
+  return p;
+}
+
+std::string apply_activation_checkpointing(Model& model, const ActivationCheckpointSection& ac) {
+  if (ac.mode == "full") {
+    model.set_recompute_policy([](int64_t) { return true; });
+    return "full";
+  }
+  if (ac.mode != "selective") return "none";
+  if (ac.selective_ac_option == "op") {
+    model.set_op_checkpointing(op_checkpoint_policy(model, ac));
+    return "op";
+  }
+  const int64_t every = std::stoll(ac.selective_ac_option);
+  model.set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
+  return "every " + std::to_string(every);
+}
+
 }  // namespace titan

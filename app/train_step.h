@@ -3,8 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/grad_sync.h"
 #include "core/loader.h"
 #include "core/model.h"
@@ -51,5 +53,10 @@ class StepInputs {
 // steps): the loss and the norm stay on the device for the caller to read when it logs.
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* sync = nullptr);
+
+// Sets the model's recompute policy from activation_checkpoint.mode and
+// selective_ac_option, as a training run does (the trainer and `titan-train estimate`).
+// Returns "none", "full", "op" or "every N".
+std::string apply_activation_checkpointing(Model& model, const ActivationCheckpointSection& ac);
 
 }  // namespace titan

@@ -38,19 +38,6 @@ std::string human(int64_t n) {
   return os.str();
 }
 
-// torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: the GEMMs whose weight has the
-// shape of a parameter named "<fqn>.weight" (in any block) are recomputed, not saved.
-OpCheckpointPolicy op_checkpoint_policy(const Model& model, const ActivationCheckpointSection& ac) {
-  OpCheckpointPolicy p;
-  for (const auto& prm : model.params().all())
-    for (const auto& fqn : ac.per_op_sac_force_recompute_mm_shapes_by_fqns) {
-      if (prm.name.find(fqn + ".weight") == std::string::npos) continue;
-      std::vector<int64_t> shape = prm.sharded() ? prm.global_shape : prm.value.sizes().vec();
-      if (shape.size() == 2) p.force_recompute_shapes.push_back(shape);
-    }
-  return p;
-}
-
 }  // namespace
 
 Trainer::Trainer(const JobConfig& cfg, const LaunchEnv& launch)
@@ -172,19 +159,9 @@ void Trainer::setup_model() {
     throw UserError("validation.seq_len = " + std::to_string(cfg_.validation.seq_len) +
                     " exceeds the model's max_seq_len " + std::to_string(info.max_seq_len));
   if (bf16_) model_->set_compute_dtype(at::kBFloat16);
-  const auto& ac = cfg_.activation_checkpoint;
-  if (ac.mode == "full") {
-    model_->set_recompute_policy([](int64_t) { return true; });
-  } else if (ac.mode == "selective") {
-    if (ac.selective_ac_option == "op") {
-      model_->set_op_checkpointing(op_checkpoint_policy(*model_, ac));
-      log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
-               "the ops between them recomputed)");
-    } else {
-      const int64_t every = std::stoll(ac.selective_ac_option);
-      model_->set_recompute_policy([every](int64_t l) { return (l + 1) % every == 0; });
-    }
-  }
+  if (apply_activation_checkpointing(*model_, cfg_.activation_checkpoint) == "op")
+    log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
+             "the ops between them recomputed)");
   if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init_) {

@@ -48,7 +48,48 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 };
 
+std::atomic<int64_t> g_meta_allocated{0};
+std::atomic<int64_t> g_meta_peak{0};
+
+void meta_free(void* ctx) {
+  auto* n = static_cast<int64_t*>(ctx);
+  g_meta_allocated.fetch_sub(*n, std::memory_order_relaxed);
+  delete n;
+}
+
+// Meta storage never has data; the context carries the size so the deleter can subtract it.
+class CountingMetaAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const int64_t bytes = static_cast<int64_t>(n);
+    const int64_t now = g_meta_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    int64_t peak = g_meta_peak.load(std::memory_order_relaxed);
+    while (now > peak &&
+           !g_meta_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    return {nullptr, new int64_t(bytes), &meta_free, c10::Device(c10::DeviceType::Meta)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+
 }  // namespace
+
+void install_meta_memory_counter() {
+  static CountingMetaAllocator allocator;
+  static std::atomic<bool> installed{false};
+  if (installed.exchange(true)) return;
+  c10::SetAllocator(c10::DeviceType::Meta, &allocator, /*priority=*/100);
+}
+
+MemoryStats meta_memory_stats() {
+  return {g_meta_allocated.load(std::memory_order_relaxed),
+          g_meta_peak.load(std::memory_order_relaxed)};
+}
+
+void reset_meta_memory_peak() {
+  g_meta_peak.store(g_meta_allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 void install_cpu_memory_counter() {
   static CountingCpuAllocator allocator;

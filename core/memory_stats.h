@@ -22,4 +22,11 @@ MemoryStats cpu_memory_stats();
 // Sets the peak to the current allocation (measure the peak of one phase).
 void reset_cpu_memory_peak();
 
+// The same count for meta tensors, whose storage has no data: `titan-train estimate` runs the
+// model's forward and backward on the meta device and reads how many bytes the autograd graph
+// holds and the most it held at once, without allocating any. Idempotent.
+void install_meta_memory_counter();
+MemoryStats meta_memory_stats();
+void reset_meta_memory_peak();
+
 }  // namespace titan

@@ -54,6 +54,7 @@ void ParamStore::assign(int64_t i, const at::Tensor& full) {
 void ParamStore::initialize(uint64_t seed) {
   at::NoGradGuard ng;
   for (Param& p : params_) {
+    if (p.value.is_meta()) continue;  // shapes only (titan-train estimate): nothing to draw
     const InitSpec& s = p.init;
     if (s.kind == InitSpec::Kind::Zeros || s.kind == InitSpec::Kind::Ones) {
       // No draws: fill only the valid rows (padding rows of a shard stay zero).

@@ -39,7 +39,10 @@ Elem elem_of(const at::Tensor& t, const char* op) {
   TORCH_CHECK(false, op, ": activations must be float32 or bfloat16, got ", t.scalar_type());
 }
 
+// Meta tensors (titan-train estimate's shape-only forward) get outputs of the right shapes
+// and save what the real kernels save; no kernel runs.
 void check_device(const at::Tensor& t, const char* op) {
+  if (t.is_meta()) return;
 #ifdef TITAN_HAVE_NVCC
   TORCH_CHECK(t.is_cpu() || t.is_cuda(), op, ": CPU or CUDA tensors only, got ", t.device());
 #else
@@ -80,6 +83,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& x, const at::Te
   stat_shape.back() = 1;
   at::Tensor rstd = at::empty(stat_shape, x.options().dtype(at::kFloat));
   const int64_t rows = xr.size(0);
+  if (x.is_meta()) return {y, rstd};
   a.x = rows_of(xr);
   a.w = wf.data_ptr<float>();
   a.y = y.data_ptr();
@@ -107,6 +111,11 @@ std::pair<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& g, const at::Te
                                                bool need_dx, bool need_dw) {
   const char* op = "rms_norm backward";
   const int64_t D = x.size(-1);
+  if (x.is_meta()) {
+    auto o = x.options().memory_format(at::MemoryFormat::Contiguous);
+    return {need_dx ? at::empty(x.sizes(), o) : at::Tensor(),
+            need_dw ? at::empty(w.sizes(), w.options()) : at::Tensor()};
+  }
   at::Tensor xr = as_rows(x);
   at::Tensor gr = as_rows(g.to(x.scalar_type()));
   at::Tensor wf = w.to(at::kFloat).contiguous();
@@ -190,6 +199,7 @@ at::Tensor rope_run(const at::Tensor& x_in, const at::Tensor& cos, const at::Ten
   a.elem = elem_of(x_in, op);
   at::Tensor x = (D > 1 && x_in.stride(3) != 1) ? x_in.contiguous() : x_in;
   at::Tensor y = at::empty({B, T, H, D}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x.is_meta()) return y;
   a.x = x.data_ptr();
   a.B = B, a.T = T, a.H = H, a.D = D;
   a.sb = x.stride(0), a.st = x.stride(1), a.sh = x.stride(2);
@@ -259,13 +269,14 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
     check_swiglu(a, b);
     at::Tensor ar = as_rows(a), br = as_rows(b);
     at::Tensor y = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+    ctx->save_for_backward({a, b});
+    if (a.is_meta()) return y;
     detail::SwigluArgs s{};
     s.a = rows_of(ar), s.b = rows_of(br);
     s.out0 = y.data_ptr();
     s.F = a.size(-1);
     s.elem = elem_of(a, "swiglu_act");
     swiglu_run(s, a, ar.size(0), /*backward=*/false);
-    ctx->save_for_backward({a, b});
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list go) {
@@ -274,6 +285,7 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
     at::Tensor ar = as_rows(a), br = as_rows(b), gr = as_rows(go[0].to(a.scalar_type()));
     auto opts = a.options().memory_format(at::MemoryFormat::Contiguous);
     at::Tensor da = at::empty(a.sizes(), opts), db = at::empty(a.sizes(), opts);
+    if (a.is_meta()) return {da, db};
     detail::SwigluArgs s{};
     s.a = rows_of(ar), s.b = rows_of(br), s.g = rows_of(gr);
     s.out0 = da.data_ptr();

@@ -4,6 +4,16 @@
 #include "core/recompute.h"
 
 namespace titan {
+namespace {
+
+// n routed rows spread as evenly as possible over E experts.
+std::vector<int64_t> balanced_counts(int64_t n, int64_t E) {
+  std::vector<int64_t> c(static_cast<size_t>(E), n / E);
+  for (int64_t e = 0; e < n % E; ++e) ++c[static_cast<size_t>(e)];
+  return c;
+}
+
+}  // namespace
 
 MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::string& prefix,
                    ParamStore& store, at::Device device, double init_std)
@@ -83,7 +93,9 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
       host = std::move(pending_counts_.front());
       pending_counts_.pop_front();
     } else {
-      host = counts_to_host(d.counts);
+      // Meta tensors (titan-train estimate) carry no counts: perfectly balanced routing.
+      host = routed.is_meta() ? balanced_counts(routed.size(0), d.counts.size(0))
+                              : counts_to_host(d.counts);
       if (mode.checkpointed && !recompute) pending_counts_.push_back(host);
     }
     out_sorted = loop_experts(routed, w1, w2, w3, host);
