@@ -50,6 +50,7 @@ class CountingCpuAllocator final : public c10::Allocator {
 
 std::atomic<int64_t> g_meta_allocated{0};
 std::atomic<int64_t> g_meta_peak{0};
+std::atomic<int64_t> g_meta_total{0};
 
 void meta_free(void* ctx) {
   auto* n = static_cast<int64_t*>(ctx);
@@ -62,6 +63,7 @@ class CountingMetaAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     const int64_t bytes = static_cast<int64_t>(n);
+    g_meta_total.fetch_add(bytes, std::memory_order_relaxed);
     const int64_t now = g_meta_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_meta_peak.load(std::memory_order_relaxed);
     while (now > peak &&
@@ -84,7 +86,7 @@ void install_meta_memory_counter() {
 
 MemoryStats meta_memory_stats() {
   return {g_meta_allocated.load(std::memory_order_relaxed),
-          g_meta_peak.load(std::memory_order_relaxed)};
+          g_meta_peak.load(std::memory_order_relaxed), g_meta_total.load(std::memory_order_relaxed)};
 }
 
 void reset_meta_memory_peak() {

@@ -69,11 +69,15 @@ struct PaddedCombine : public torch::autograd::Function<PaddedCombine> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list go) {
-    at::Tensor gs = go[0].to(at::kFloat).index_select(0, ctx->saved_data["gather"].toTensor());
-    gs.index_fill_(0, ctx->saved_data["pad_rows"].toTensor(), 0);  // (M, D) fp32
-    if (!ctx->saved_data["weighted"].toBool())
-      return {gs.to(go[0].scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor()};
+    const at::Tensor& gather = ctx->saved_data["gather"].toTensor();
+    const at::Tensor& pad_rows = ctx->saved_data["pad_rows"].toTensor();
+    if (!ctx->saved_data["weighted"].toBool()) {
+      // Unweighted, the gradient is the gathered output gradient as is: gather it in its own
+      // dtype (an fp32 round trip of bf16 values would change nothing).
+      at::Tensor dy = go[0].index_select(0, gather).index_fill_(0, pad_rows, 0);  // (M, D)
+      return {dy, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    at::Tensor gs = go[0].to(at::kFloat).index_select(0, gather).index_fill_(0, pad_rows, 0);
     auto saved = ctx->get_saved_variables();
     const at::Tensor &y = saved[0], &w = saved[1];
     at::Tensor dw = ctx->needs_input_grad(1) ? (gs * y.to(at::kFloat)).sum(1) : at::Tensor();
