@@ -17,6 +17,7 @@ namespace {
 
 std::atomic<int64_t> g_allocated{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_total{0};
 std::atomic<bool> g_installed{false};
 
 // Each block carries its size in a 64-byte header, so the deleter (which gets only the
@@ -85,6 +86,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     if (!base) base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     const int64_t bytes = static_cast<int64_t>(n);
     std::memcpy(base, &bytes, sizeof bytes);
+    g_total.fetch_add(bytes, std::memory_order_relaxed);
     const int64_t now = g_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
@@ -100,6 +102,7 @@ class CountingCpuAllocator final : public c10::Allocator {
 
 std::atomic<int64_t> g_meta_allocated{0};
 std::atomic<int64_t> g_meta_peak{0};
+std::atomic<int64_t> g_meta_total{0};
 
 void meta_free(void* ctx) {
   auto* n = static_cast<int64_t*>(ctx);
@@ -112,6 +115,7 @@ class CountingMetaAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     const int64_t bytes = static_cast<int64_t>(n);
+    g_meta_total.fetch_add(bytes, std::memory_order_relaxed);
     const int64_t now = g_meta_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_meta_peak.load(std::memory_order_relaxed);
     while (now > peak &&
@@ -134,7 +138,7 @@ void install_meta_memory_counter() {
 
 MemoryStats meta_memory_stats() {
   return {g_meta_allocated.load(std::memory_order_relaxed),
-          g_meta_peak.load(std::memory_order_relaxed)};
+          g_meta_peak.load(std::memory_order_relaxed), g_meta_total.load(std::memory_order_relaxed)};
 }
 
 void reset_meta_memory_peak() {
@@ -156,7 +160,8 @@ bool cpu_memory_counter_installed() {
 }
 
 MemoryStats cpu_memory_stats() {
-  return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
+  return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed),
+          g_total.load(std::memory_order_relaxed)};
 }
 
 int64_t cpu_memory_cached_bytes() {

@@ -10,6 +10,8 @@ namespace titan {
 struct MemoryStats {
   int64_t allocated = 0;  // bytes held by live tensors now
   int64_t peak = 0;       // the most held at once since start (or the last reset)
+  int64_t total = 0;      // bytes ever allocated since start: the difference over a call
+                          // is what it allocated, temporaries included (never reset)
 };
 
 // Makes the counting allocator c10's CPU allocator. Idempotent; tensors allocated before

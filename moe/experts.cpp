@@ -70,16 +70,18 @@ std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-at::Tensor grouped_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const at::Tensor& w2,
+at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
                            const at::Tensor& w3, const Dispatch& d) {
+  TORCH_CHECK(d.align > 0 && x_padded.size(0) == d.padded_rows,
+              "grouped_experts: x must be in the dispatch's aligned layout");
   // bf16 on CUDA: the CUTLASS kernel (SM90+) is sync-free only there.
-  const at::ScalarType t = x_sorted.is_cuda() ? at::kBFloat16 : x_sorted.scalar_type();
-  at::Tensor x = pad_groups(x_sorted.to(t), d);  // (M, D)
+  const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
+  at::Tensor x = x_padded.to(t);  // (M, D)
   // _grouped_mm takes b as (E, K, N): the transposed views of the (E, out, in) weights.
   at::Tensor h = at::silu(at::_grouped_mm(x, w1.to(t).transpose(-2, -1), d.offs)) *
                  at::_grouped_mm(x, w3.to(t).transpose(-2, -1), d.offs);  // (M, H)
   at::Tensor y = at::_grouped_mm(h, w2.to(t).transpose(-2, -1), d.offs);  // (M, D)
-  return unpad_groups(y, d).to(x_sorted.scalar_type());
+  return y.to(x_padded.scalar_type());
 }
 
 namespace {

@@ -30,10 +30,10 @@ int64_t experts_alignment(ExpertsBackend b);
 // The loop backend's one host sync: the per-expert counts as host integers.
 std::vector<int64_t> counts_to_host(const at::Tensor& counts);
 
-// x_sorted: (N, D) rows in expert order. Returns (N, D) in x_sorted's dtype.
-// On CUDA the GEMMs run in bf16 (as torchtitan does); elsewhere in x's dtype, where
+// x_padded: (M, D) rows in d's aligned layout (permute_tokens with an aligned dispatch).
+// Returns (M, D) in x_padded's dtype, padding rows zero. On CUDA the GEMMs run in bf16 (as torchtitan does); elsewhere in x's dtype, where
 // at::_grouped_mm falls back to a per-group loop (tests and benchmarks only).
-at::Tensor grouped_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const at::Tensor& w2,
+at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
                            const at::Tensor& w3, const Dispatch& d);
 // host_counts: rows per expert (sum N). An autograd function whose backward reuses the host
 // counts, so backward adds no sync.

@@ -63,7 +63,10 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
 
   Routing r = route_tokens(x, gw, gb, expert_bias, args_);
   const bool grouped = args_.backend == ExpertsBackend::GroupedMM;
-  Dispatch d = plan_dispatch(r.experts, E, grouped ? experts_alignment(args_.backend) : 0);
+  // grouped_mm: the permute writes the aligned layout and the combine reads it, so no pad or
+  // unpad copy. Expert parallelism sends rows in plain expert order and aligns them locally.
+  const bool aligned = grouped && !ep_;
+  Dispatch d = plan_dispatch(r.experts, E, aligned ? experts_alignment(args_.backend) : 0);
 
   // Count once per training forward; a checkpoint recompute repeats the forward, not the step.
   const bool recompute = is_recomputing();
@@ -72,8 +75,8 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     tokens_per_expert.add_(d.counts);
   }
 
-  at::Tensor routed = permute_tokens(x, d);                                     // (N, D), N = T*K
-  at::Tensor top_sorted = r.top_scores.reshape({-1}).index_select(0, d.order);  // (N,)
+  at::Tensor routed = permute_tokens(x, d);                // (N, D), N = T*K; aligned: (M, D)
+  at::Tensor top_sorted = permute_slots(r.top_scores, d);  // (N,) or (M,)
   if (args_.score_before_experts)
     routed = (routed.to(at::kFloat) * top_sorted.unsqueeze(1)).to(x.scalar_type());
 
@@ -149,7 +152,8 @@ at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at:
         at::arange(El, idx), at::tensor(got.local_counts, idx.device(at::kCPU)).to(routed.device()),
         /*dim=*/0, /*output_size=*/got.rows.size(0));
     Dispatch local = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(args_.backend));
-    y = grouped_experts(got.rows, w1, w2, w3, local);
+    // The rows arrive in expert order (ids ascending), so the aligned permute is one gather.
+    y = unpad_groups(grouped_experts(permute_tokens(got.rows, local), w1, w2, w3, local), local);
   } else {
     y = loop_experts(got.rows, w1, w2, w3, got.local_counts);
   }

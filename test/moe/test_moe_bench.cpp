@@ -1,4 +1,5 @@
-// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run. Hidden
+// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run, and the
+// bytes it allocates. Hidden
 // (tag [.bench]): not part of the test suite; scripts/bench_moe.sh runs it.
 #include <catch2/catch.hpp>
 
@@ -7,6 +8,7 @@
 #include <iomanip>
 #include <iostream>
 
+#include "core/memory_stats.h"
 #include "moe/moe_layer.h"
 
 using namespace titan;
@@ -74,5 +76,53 @@ TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_m
   if (tps.count("grouped_mm"))
     std::cout << "grouped_mm / loop throughput ratio: " << std::setprecision(2)
               << tps["grouped_mm"] / tps["loop"] << "\n";
+  SUCCEED();
+}
+
+TEST_CASE("moe bench: bytes one MoE layer allocates in forward and backward on the CPU",
+          "[.bench]") {
+  // The copies of dispatch and combine, counted by the product's CPU allocator
+  // (core/memory_stats.h): every byte allocated during one forward + backward of the layer,
+  // temporaries included, in units of one (N, D) fp32 activation (N = tokens * top-k), next
+  // to the peak. Deterministic on the CPU; docs/moe.md records the figures.
+  install_cpu_memory_counter();
+  const int64_t dim = 256, hidden = 256, E = 8, K = 2, tokens = 2048;
+  const double nd = static_cast<double>(tokens * K * dim * 4);
+  std::cout << "MoE layer allocations: dim " << dim << ", expert hidden " << hidden << ", " << E
+            << " experts, top-" << K << ", " << tokens << " tokens, CPU fp32, no shared expert;"
+            << " unit (N, D) fp32 = " << nd / 1048576.0 << " MiB\n";
+  for (bool before : {true, false}) {
+    for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+      MoEArgs a;
+      a.num_experts = E;
+      a.top_k = K;
+      a.num_shared_experts = 0;
+      a.score_func = before ? ScoreFunc::Sigmoid : ScoreFunc::Softmax;
+      a.score_before_experts = before;
+      a.backend = b;
+      ParamStore store;
+      MoELayer moe(a, dim, hidden, "moe.", store, at::kCPU, 0.02);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+      store.initialize(1);
+      at::Tensor x = at::randn({1, tokens, dim}, gen).requires_grad_();
+      at::Tensor g = at::randn({1, tokens, dim}, gen);
+      std::vector<at::Tensor> w;
+      for (auto& p : store.all()) w.push_back(p.value);
+      moe.forward(x, w, {true, false}).backward(g);  // warm-up; grads now allocated
+      const MemoryStats s0 = cpu_memory_stats();
+      reset_cpu_memory_peak();
+      at::Tensor y = moe.forward(x, w, {true, false});
+      const MemoryStats s1 = cpu_memory_stats();
+      y.backward(g);
+      y = at::Tensor();
+      const MemoryStats s2 = cpu_memory_stats();
+      std::cout << std::setw(11) << experts_backend_name(b)
+                << (before ? " (scores before experts)" : " (scores after experts) ")
+                << std::fixed << std::setprecision(2)
+                << ": allocated forward " << (s1.total - s0.total) / nd << ", backward "
+                << (s2.total - s1.total) / nd << ", peak above start " << (s2.peak - s0.allocated) / nd
+                << " x (N, D)\n";
+    }
+  }
   SUCCEED();
 }

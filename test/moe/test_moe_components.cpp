@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/errors.h"
+#include "core/memory_stats.h"
 #include "moe/dispatch.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
@@ -185,12 +186,26 @@ TEST_CASE("moe dispatch: aligned layout pads every group on the device to a stat
   CHECK(at::equal(d.offs, at::tensor({8, 16, 32, 48}, at::kInt)));
   at::Tensor expect_rows = at::tensor({0, 1, 2, 16, 17, 18, 19, 20, 21, 22, 23, 24, 32}, at::kLong);
   CHECK(at::equal(d.rows, expect_rows));
+  // K = 1: token t is slot t. Padding rows read token 0 for the gather, the spare row 13 for
+  // the scatter.
+  std::vector<int64_t> order = {1, 6, 10, 0, 2, 3, 5, 7, 8, 9, 11, 12, 4};
+  at::Tensor gather = at::zeros({48}, at::kLong), scatter = at::full({48}, 13, at::kLong);
+  for (size_t i = 0; i < order.size(); ++i) {
+    gather[expect_rows[static_cast<int64_t>(i)]] = order[i];
+    scatter[expect_rows[static_cast<int64_t>(i)]] = order[i];
+  }
+  CHECK(at::equal(d.gather_tokens, gather));
+  CHECK(at::equal(d.scatter_tokens, scatter));
+  CHECK(at::equal(d.padded_order, gather));
+  CHECK(d.pad_rows.size(0) == 48 - 13);
+  CHECK(at::equal(at::isin(at::arange(48, at::kLong), d.pad_rows), scatter == 13));
   at::Tensor x = at::arange(1, 14, at::kFloat).view({13, 1}).expand({13, 2}).contiguous();
-  at::Tensor padded = pad_groups(x, d);
+  at::Tensor padded = permute_tokens(x, d);  // straight into the aligned layout
   CHECK(padded.size(0) == 48);
   CHECK(padded.abs().sum().item<double>() == Approx(x.abs().sum().item<double>()));
-  CHECK(at::equal(padded.index_select(0, expect_rows), x));
-  CHECK(at::equal(unpad_groups(padded, d), x));
+  at::Tensor xs = x.index_select(0, d.order);  // rows in expert order
+  CHECK(at::equal(padded.index_select(0, expect_rows), xs));
+  CHECK(at::equal(unpad_groups(padded, d), xs));
 }
 
 TEST_CASE("moe experts: empty experts and one expert taking every token, both backends", "[moe]") {
@@ -207,13 +222,18 @@ TEST_CASE("moe experts: empty experts and one expert taking every token, both ba
     std::stable_sort(sorted_ids.begin(), sorted_ids.end());
     at::Tensor x = at::randn({N, D}, gen);
     at::Tensor xs = x.index_select(0, d.order).requires_grad_();
+    // The grouped backend takes the aligned layout: its permute from xs's rows (K = 1, one
+    // token per row, already in expert order, so tokens == rows of xs) and its unpad back.
+    Dispatch dx = plan_dispatch(at::tensor(sorted_ids, at::kLong).view({-1, 1}), E, 8);
     at::Tensor g = at::randn({N, D}, gen);
     auto run = [&](int which) {
       for (auto* w : {&w1, &w2, &w3}) w->mutable_grad() = at::Tensor();
       xs.mutable_grad() = at::Tensor();
       at::Tensor y = which == 0   ? dense_experts(xs, w1, w2, w3, sorted_ids)
                      : which == 1 ? loop_experts(xs, w1, w2, w3, counts_to_host(d.counts))
-                                  : grouped_experts(xs, w1, w2, w3, d);
+                                  : unpad_groups(grouped_experts(permute_tokens(xs, dx), w1, w2,
+                                                                 w3, dx),
+                                                 dx);
       y.backward(g);
       return std::vector<at::Tensor>{y.detach(), xs.grad(), w1.grad(), w2.grad(), w3.grad()};
     };
@@ -275,4 +295,115 @@ TEST_CASE("moe experts: backend selection on CPU", "[moe]") {
     CHECK_THAT(std::string(e.what()), Contains("moe.experts_backend") && Contains("grouped_mm") &&
                                           Contains("9.0") && Contains("loop"));
   }
+}
+
+TEST_CASE("moe dispatch: the aligned permute and combine are one gather each way", "[moe]") {
+  // Reference: the unaligned permute/combine (rows in expert order) with the aligned rows
+  // picked out by Dispatch::rows; exact (the same adds in the same order). Memory: the
+  // product's CPU allocator counts the bytes each call allocates (core/memory_stats.h).
+  install_cpu_memory_counter();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const int64_t T = 37, K = 2, E = 6, D = 64;
+  at::Tensor experts = at::empty({T, K}, at::kLong);
+  for (int64_t t = 0; t < T; ++t) experts[t] = at::randperm(E - 1, gen, at::kLong).slice(0, 0, K);
+  Dispatch d = plan_dispatch(experts, E, 8), u = plan_dispatch(experts, E, 0);  // expert 5: none
+  const int64_t N = T * K, M = d.padded_rows;
+  CHECK(d.layout_rows() == M);
+  CHECK(d.pad_rows.size(0) == M - N);
+  at::Tensor x = at::randn({T, D}, gen).requires_grad_();
+  at::Tensor w = at::rand({T, K}, gen);
+  at::Tensor g = at::randn({T, D}, gen);
+
+  MemoryStats m0 = cpu_memory_stats();
+  at::Tensor xp = permute_tokens(x, d);  // (M, D)
+  MemoryStats m1 = cpu_memory_stats();
+  CHECK(m1.total - m0.total == M * D * 4);  // the output only: no zero-filled pad buffer
+  CHECK(at::equal(xp.index_select(0, d.rows), permute_tokens(x, u)));
+  CHECK(xp.index_select(0, d.pad_rows).abs().sum().item<double>() == 0);
+  CHECK(at::equal(permute_slots(w, d).index_select(0, d.rows), permute_slots(w, u)));
+
+  // Combine reads the aligned rows directly; padding rows hold garbage here on purpose.
+  at::Tensor y = (xp.detach() * 3 + 1).requires_grad_();
+  at::Tensor wp = permute_slots(w, d).requires_grad_();
+  m0 = cpu_memory_stats();
+  at::Tensor out = combine_tokens(y, wp, d);  // (T, D)
+  m1 = cpu_memory_stats();
+  // The (M, D) weighted rows and the (T + 1, D) fp32 accumulator; nothing else of that size.
+  CHECK(m1.total - m0.total <= (M + T + 1) * D * 4 + 1024);
+  at::Tensor yu = y.detach().index_select(0, d.rows).requires_grad_();
+  at::Tensor wu = permute_slots(w, u).requires_grad_();
+  at::Tensor out_u = combine_tokens(yu, wu, u);
+  CHECK(at::equal(out, out_u));
+  m0 = cpu_memory_stats();
+  out.backward(g);
+  m1 = cpu_memory_stats();
+  out_u.backward(g);
+  CHECK(at::equal(y.grad().index_select(0, d.rows), yu.grad()));
+  CHECK(y.grad().index_select(0, d.pad_rows).abs().sum().item<double>() == 0);
+  CHECK(at::equal(wp.grad().index_select(0, d.rows), wu.grad()));
+  CHECK(wp.grad().index_select(0, d.pad_rows).abs().sum().item<double>() == 0);
+
+  // The permute's backward: one index_add into (T + 1, D), equal to the unaligned one's.
+  at::Tensor gp = at::randn({M, D}, gen);
+  m0 = cpu_memory_stats();
+  xp.backward(gp);
+  m1 = cpu_memory_stats();
+  CHECK(m1.total - m0.total <= (T + 1) * D * 4 + 1024);
+  at::Tensor xu = x.detach().requires_grad_();
+  permute_tokens(xu, u).backward(gp.index_select(0, d.rows));
+  CHECK(at::equal(x.grad(), xu.grad()));
+  // The output is an ordinary tensor: in-place ops on it work.
+  at::Tensor o2 = combine_tokens(y, wp, d);
+  CHECK_NOTHROW(o2.add_(1));
+}
+
+TEST_CASE("moe layer: grouped_mm path equals the loop path on CPU, uneven loads", "[moe]") {
+  // The grouped path runs on the CPU by setting MoEArgs::backend directly (the product's
+  // select_experts_backend refuses it there). Reference: the loop backend; tolerance 1e-5
+  // relative (max abs difference over max abs value), fp32. Expert 0 gets no token (bias
+  // -100), expert 3 most of them (bias +0.5 on sigmoid scores / softmax scores).
+  for (int64_t K : {1, 2})
+    for (int64_t shared : {0, 1})
+      for (bool before : {true, false}) {
+        MoEArgs a;
+        a.num_experts = 8;
+        a.top_k = K;
+        a.num_shared_experts = shared;
+        a.score_func = before ? ScoreFunc::Sigmoid : ScoreFunc::Softmax;
+        a.score_before_experts = before;
+        std::vector<std::vector<at::Tensor>> results;
+        std::vector<at::Tensor> counts;
+        for (auto backend : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+          a.backend = backend;
+          ParamStore store;
+          MoELayer moe(a, 24, 40, "moe.", store, at::kCPU, 0.02);
+          store.initialize(4);
+          {
+            at::NoGradGuard ng;
+            moe.expert_bias[0] = -100.0;
+            moe.expert_bias[3] = 0.5;
+          }
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+          at::Tensor x = at::randn({3, 37, 24}, gen).requires_grad_();
+          std::vector<at::Tensor> w;
+          for (auto& p : store.all()) w.push_back(p.value);
+          at::Tensor y = moe.forward(x, w, {true, false});
+          y.pow(2).sum().backward();
+          std::vector<at::Tensor> r{y.detach(), x.grad()};
+          for (auto& p : store.all()) r.push_back(p.value.grad());
+          results.push_back(r);
+          counts.push_back(moe.tokens_per_expert.clone());
+        }
+        INFO("top-" << K << ", shared " << shared << ", score_before_experts " << before);
+        CHECK(at::equal(counts[0], counts[1]));
+        CHECK(counts[0][0].item<double>() == 0);
+        CHECK(counts[0].max().item<double>() >= 2 * counts[0].mean().item<double>());
+        for (size_t i = 0; i < results[0].size(); ++i) {
+          INFO("tensor " << i);
+          REQUIRE(results[1][i].defined());
+          CHECK(rel(results[1][i], results[0][i]) < 1e-5);
+        }
+        // experts.w1/w2/w3 (params 1..3): expert 0 got no token, so exactly zero gradient.
+        for (size_t i = 3; i < 6; ++i) CHECK(results[1][i][0].abs().sum().item<double>() == 0);
+      }
 }
