@@ -5,12 +5,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
-#include <string>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
 namespace titan {
 namespace {
@@ -24,66 +19,19 @@ std::atomic<bool> g_installed{false};
 // pointer) can subtract it, and the data keeps c10's 64-byte alignment.
 constexpr size_t kHeader = 64;
 
-// Large blocks are kept after they are freed, up to kCacheBytes in all, and handed out again
-// for a request of exactly the same size. A training step allocates the same big tensors every
-// step (the loss's chunk logits, the output layer's gradient, activation buffers); glibc maps
-// blocks above 32 MiB fresh each time and returns freed heap tops to the kernel, so without
-// the cache every step pays their page faults and the kernel's zeroing of the pages again.
-// Exact sizes only, so a cached block never holds more than the request; the counts above
-// are of live tensors, never of cached blocks.
-constexpr size_t kCacheMinBytes = size_t{1} << 20;
-constexpr size_t kCacheBytes = size_t{256} << 20;
-
-struct BlockCache {
-  std::mutex mu;
-  std::unordered_map<size_t, std::vector<char*>> free;  // block size (with header) -> blocks
-  size_t bytes = 0;
-};
-BlockCache& block_cache() {
-  static auto* c = new BlockCache;  // never destroyed: tensors may be freed at exit
-  return *c;
-}
-std::atomic<bool> g_cache_enabled{true};
-
-char* take_cached(size_t total) {
-  if (total < kCacheMinBytes || !g_cache_enabled.load(std::memory_order_relaxed)) return nullptr;
-  BlockCache& c = block_cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.free.find(total);
-  if (it == c.free.end() || it->second.empty()) return nullptr;
-  char* b = it->second.back();
-  it->second.pop_back();
-  c.bytes -= total;
-  return b;
-}
-
-void release_block(char* base, size_t total) {
-  if (total >= kCacheMinBytes && g_cache_enabled.load(std::memory_order_relaxed)) {
-    BlockCache& c = block_cache();
-    std::lock_guard<std::mutex> lock(c.mu);
-    if (c.bytes + total <= kCacheBytes) {
-      c.free[total].push_back(base);
-      c.bytes += total;
-      return;
-    }
-  }
-  c10::free_cpu(base);
-}
-
 void counted_free(void* p) {
   if (!p) return;
   char* base = static_cast<char*>(p) - kHeader;
   int64_t n = 0;
   std::memcpy(&n, base, sizeof n);
   g_allocated.fetch_sub(n, std::memory_order_relaxed);
-  release_block(base, static_cast<size_t>(n) + kHeader);
+  c10::free_cpu(base);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    char* base = take_cached(n + kHeader);
-    if (!base) base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     const int64_t bytes = static_cast<int64_t>(n);
     std::memcpy(base, &bytes, sizeof bytes);
     g_total.fetch_add(bytes, std::memory_order_relaxed);
@@ -148,10 +96,6 @@ void reset_meta_memory_peak() {
 void install_cpu_memory_counter() {
   static CountingCpuAllocator allocator;
   if (g_installed.exchange(true)) return;
-  // TITAN_CPU_BLOCK_CACHE=0 turns the block cache off: only to measure what it buys side by
-  // side (docs/performance.md), not a setting anyone should train with.
-  const char* cache = std::getenv("TITAN_CPU_BLOCK_CACHE");
-  if (cache && std::string(cache) == "0") g_cache_enabled.store(false);
   c10::SetCPUAllocator(&allocator, /*priority=*/100);
 }
 
@@ -162,23 +106,6 @@ bool cpu_memory_counter_installed() {
 MemoryStats cpu_memory_stats() {
   return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed),
           g_total.load(std::memory_order_relaxed)};
-}
-
-int64_t cpu_memory_cached_bytes() {
-  BlockCache& c = block_cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return static_cast<int64_t>(c.bytes);
-}
-
-void set_cpu_block_cache(bool enabled) {
-  g_cache_enabled.store(enabled);
-  if (enabled) return;
-  BlockCache& c = block_cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  for (auto& [size, blocks] : c.free)
-    for (char* b : blocks) c10::free_cpu(b);
-  c.free.clear();
-  c.bytes = 0;
 }
 
 void reset_cpu_memory_peak() {

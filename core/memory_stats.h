@@ -21,11 +21,6 @@ bool cpu_memory_counter_installed();
 MemoryStats cpu_memory_stats();
 // Sets the peak to the current allocation (measure the peak of one phase).
 void reset_cpu_memory_peak();
-// Freed blocks of 1 MiB or more are kept (at most 256 MiB in all) and reused for requests of
-// the same size, sparing each step the page faults of its big tensors (docs/performance.md).
-// Bytes held in that cache now (not counted in cpu_memory_stats). Disabling frees them.
-int64_t cpu_memory_cached_bytes();
-void set_cpu_block_cache(bool enabled);
 
 // The same count for meta tensors, whose storage has no data: `titan-train estimate` runs the
 // model's forward and backward on the meta device and reads how many bytes the autograd graph

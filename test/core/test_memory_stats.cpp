@@ -33,32 +33,3 @@ TEST_CASE("memory stats: the CPU counter sees allocations, frees and the peak", 
   reset_cpu_memory_peak();
   CHECK(cpu_memory_stats().peak == cpu_memory_stats().allocated);
 }
-
-TEST_CASE("memory stats: freed large blocks are reused for the same size, small ones are not "
-          "kept", "[memory]") {
-  install_cpu_memory_counter();
-  set_cpu_block_cache(true);
-  const MemoryStats before = cpu_memory_stats();
-  void* first = nullptr;
-  {
-    at::Tensor a = at::empty({3 << 20}, at::kFloat);  // 12 MiB: cached when freed
-    first = a.data_ptr();
-  }
-  const int64_t cached = cpu_memory_cached_bytes();
-  CHECK(cached >= (12 << 20));
-  CHECK(cached <= (256 << 20));
-  CHECK(cpu_memory_stats().allocated == before.allocated);  // cached bytes are not live bytes
-  {
-    at::Tensor b = at::empty({3 << 20}, at::kFloat);  // the same size: the same block
-    CHECK(b.data_ptr() == first);
-    CHECK(cpu_memory_cached_bytes() == cached - (12 << 20) - 64);
-    CHECK(cpu_memory_stats().allocated - before.allocated == 12 << 20);
-  }
-  {
-    at::Tensor small = at::empty({1024}, at::kFloat);  // 4 KiB: never cached
-  }
-  CHECK(cpu_memory_cached_bytes() == cached);
-  set_cpu_block_cache(false);  // frees the cache
-  CHECK(cpu_memory_cached_bytes() == 0);
-  set_cpu_block_cache(true);
-}
