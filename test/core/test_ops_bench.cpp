@@ -17,6 +17,7 @@
 
 #include "core/fused_loss.h"
 #include "core/ops.h"
+#include "test_util.h"
 #include "counting_allocator.h"
 
 using namespace titan;
@@ -30,16 +31,8 @@ struct Shape {
 
 using Step = std::function<void()>;
 
-double ms_of(const Step& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using test::median;
+using test::ms_of;
 
 // Times fused and unfused alternately; prints medians and unfused / fused.
 void compare(const char* op, const Step& fused, const Step& unfused, int iters) {

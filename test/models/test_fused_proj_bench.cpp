@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "test_util.h"
 
 using namespace titan;
 
@@ -31,16 +32,8 @@ namespace {
 
 using Step = std::function<void()>;
 
-double ms_of(const Step& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using test::median;
+using test::ms_of;
 
 struct Timing {
   double separate, fused;

@@ -53,6 +53,19 @@ double rel(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / (d > 0 ? d : 1);
 }
 
+
+// One training forward of `moe` on x and a backward of sum(y^2): the output, x's gradient and
+// every parameter's gradient, in store order.
+std::vector<at::Tensor> forward_backward(MoELayer& moe, ParamStore& store, const at::Tensor& x) {
+  std::vector<at::Tensor> w;
+  for (auto& p : store.all()) w.push_back(p.value);
+  at::Tensor y = moe.forward(x, w, {true, false});
+  y.pow(2).sum().backward();
+  std::vector<at::Tensor> r{y.detach(), x.grad()};
+  for (auto& p : store.all()) r.push_back(p.value.grad());
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("moe router: sigmoid top-1 picks the largest logit and gates with its sigmoid", "[moe]") {
@@ -270,13 +283,7 @@ TEST_CASE("moe layer: loop and grouped_mm backends agree on CPU (outputs and gra
       auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
       store.initialize(1);
       at::Tensor x = at::randn({2, 40, 32}, gen).requires_grad_();
-      std::vector<at::Tensor> w;
-      for (auto& p : store.all()) w.push_back(p.value);
-      at::Tensor y = moe.forward(x, w, {true, false});
-      y.pow(2).sum().backward();
-      std::vector<at::Tensor> r{y.detach(), x.grad()};
-      for (auto& p : store.all()) r.push_back(p.value.grad());
-      results.push_back(r);
+      results.push_back(forward_backward(moe, store, x));
     }
     for (size_t i = 0; i < results[0].size(); ++i) {
       INFO("score_before_experts " << before << " tensor " << i);
@@ -385,13 +392,7 @@ TEST_CASE("moe layer: grouped_mm path equals the loop path on CPU, uneven loads"
           }
           auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
           at::Tensor x = at::randn({3, 37, 24}, gen).requires_grad_();
-          std::vector<at::Tensor> w;
-          for (auto& p : store.all()) w.push_back(p.value);
-          at::Tensor y = moe.forward(x, w, {true, false});
-          y.pow(2).sum().backward();
-          std::vector<at::Tensor> r{y.detach(), x.grad()};
-          for (auto& p : store.all()) r.push_back(p.value.grad());
-          results.push_back(r);
+          results.push_back(forward_backward(moe, store, x));
           counts.push_back(moe.tokens_per_expert.clone());
         }
         INFO("top-" << K << ", shared " << shared << ", score_before_experts " << before);
