@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <set>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 #include "models/hf_interop.h"
 
 namespace titan {

@@ -1,7 +1,7 @@
 // What a checkpoint holds and how the live training state goes into and out of one: the
 // model (fp32 masters, sharded rows), AdamW moments and step counts, the model's buffers
 // (MoE expert biases), the RNG, the step and the data loader's position. The file format is
-// core/checkpoint.h; this is the wiring (docs/checkpointing.md).
+// core/checkpoint/checkpoint.h; this is the wiring (docs/checkpointing.md).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/model.h"
-#include "core/optimizer.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/config/config.h"
+#include "core/train/model.h"
+#include "core/train/optimizer.h"
 
 namespace titan {
 

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "app/trainer.h"
-#include "core/errors.h"
-#include "core/log.h"
-#include "core/safetensors.h"
-#include "core/tokenizer.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/tokenizer/tokenizer.h"
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"

@@ -1,7 +1,7 @@
 // The entry points main() dispatches to.
 #pragma once
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "parallel/launch_env.h"
 
 namespace titan {

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "app/data_setup.h"
-#include "core/blend.h"
-#include "core/config.h"
-#include "core/errors.h"
-#include "core/loader.h"
+#include "core/data/blend.h"
+#include "core/config/config.h"
+#include "core/base/errors.h"
+#include "core/data/loader.h"
 #include "models/registry.h"
 
 namespace titan {

@@ -2,8 +2,8 @@
 
 #include <cstdlib>
 
-#include "core/errors.h"
-#include "core/token_cache.h"
+#include "core/base/errors.h"
+#include "core/data/token_cache.h"
 
 namespace titan {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/blend.h"
-#include "core/config.h"
-#include "core/tokenizer.h"
+#include "core/data/blend.h"
+#include "core/config/config.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace titan {
 

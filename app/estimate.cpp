@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/errors.h"
+#include "core/config/config.h"
+#include "core/base/errors.h"
 #include "app/meta_kernels.h"
 #include "app/train_step.h"
-#include "core/memory_stats.h"
-#include "core/model.h"
+#include "core/telemetry/memory_stats.h"
+#include "core/train/model.h"
 #include "models/registry.h"
 
 namespace titan {

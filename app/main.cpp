@@ -5,10 +5,10 @@
 #include <string>
 
 #include "app/commands.h"
-#include "core/config.h"
-#include "core/errors.h"
-#include "core/log.h"
-#include "core/memory_stats.h"
+#include "core/config/config.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
+#include "core/telemetry/memory_stats.h"
 #include "parallel/launch_env.h"
 
 int main(int argc, char** argv) {
@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   // A file-size limit (or a full quota) then fails the write with EFBIG instead of killing
   // the process, so a checkpoint save can report it and keep the previous checkpoint.
   std::signal(SIGXFSZ, SIG_IGN);
-  // Before any tensor exists: CPU runs report allocated and peak memory (core/memory_stats.h).
+  // Before any tensor exists: CPU runs report allocated and peak memory (core/telemetry/memory_stats.h).
   install_cpu_memory_counter();
   try {
     if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);

@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/errors.h"
-#include "core/log.h"
-#include "core/text_reader.h"
-#include "core/tokenize_pipeline.h"
-#include "core/tokenizer.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
+#include "core/data/text_reader.h"
+#include "core/data/tokenize_pipeline.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace titan {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "core/functional.h"
+#include "core/train/functional.h"
 
 namespace titan {
 namespace {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/grad_sync.h"
-#include "core/loader.h"
-#include "core/model.h"
-#include "core/optimizer.h"
+#include "core/config/config.h"
+#include "core/train/grad_sync.h"
+#include "core/data/loader.h"
+#include "core/train/model.h"
+#include "core/train/optimizer.h"
 
 namespace titan {
 

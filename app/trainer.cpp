@@ -9,10 +9,10 @@
 #include <sstream>
 #include <thread>
 
-#include "core/cuda_info.h"
-#include "core/errors.h"
-#include "core/functional.h"
-#include "core/log.h"
+#include "core/telemetry/cuda_info.h"
+#include "core/base/errors.h"
+#include "core/train/functional.h"
+#include "core/base/log.h"
 #include "models/hf_interop.h"
 #include "models/registry.h"
 #include "parallel/expert_parallel.h"

@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 

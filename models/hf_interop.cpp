@@ -16,10 +16,10 @@
 #include <set>
 #include <sstream>
 
-#include "core/durable_io.h"
-#include "core/errors.h"
-#include "core/log.h"
-#include "core/safetensors.h"
+#include "core/base/durable_io.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
+#include "core/checkpoint/safetensors.h"
 
 namespace titan {
 

@@ -19,7 +19,7 @@
 
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
-#include "core/model.h"
+#include "core/train/model.h"
 
 namespace titan {
 
@@ -75,7 +75,7 @@ using HfSkip = std::function<bool(const std::string& hf_name)>;
 
 // One tensor of ours an import fills: `dst` holds global rows [row_offset, row_offset +
 // dst.size(0)) of a tensor of `full_shape` (all of it when unsharded; a rank's valid rows
-// of an FSDP shard otherwise, see Param in core/model.h).
+// of an FSDP shard otherwise, see Param in core/train/model.h).
 struct HfImportTarget {
   std::string name;
   at::Tensor dst;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/ops.h"
+#include "core/kernels/ops.h"
 
 namespace titan {
 

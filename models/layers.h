@@ -1,10 +1,10 @@
 // Building blocks shared by the model families: RoPE and causal attention (RMSNorm and
-// SwiGLU are in core/functional.h, because the MoE layer uses them too).
+// SwiGLU are in core/train/functional.h, because the MoE layer uses them too).
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "core/functional.h"
+#include "core/train/functional.h"
 
 namespace titan {
 
@@ -26,7 +26,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
                        const RopeScaling& scaling, at::Device device);
 
 // Rotates adjacent pairs (x[2i], x[2i+1]) of the last dim, as torchtitan's complex form does,
-// with the fused op of core/ops.h (one autograd node, no fp32 copy of x). x: (B, T, H, D), any
+// with the fused op of core/kernels/ops.h (one autograd node, no fp32 copy of x). x: (B, T, H, D), any
 // strides with unit stride in D; rows 0..T-1 of the tables are used. Math in fp32, returned
 // contiguous in x's dtype.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);

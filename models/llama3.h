@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model.h"
+#include "core/train/model.h"
 #include "models/layers.h"
 
 namespace titan {

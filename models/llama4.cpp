@@ -3,7 +3,7 @@
 #include <cmath>
 #include <map>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 

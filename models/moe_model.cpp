@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 
 namespace titan {
 

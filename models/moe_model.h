@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/config.h"
-#include "core/model.h"
+#include "core/config/config.h"
+#include "core/train/model.h"
 #include "moe/moe_layer.h"
 
 namespace titan {

@@ -1,6 +1,6 @@
 #include "models/registry.h"
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"

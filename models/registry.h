@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/model.h"
+#include "core/config/config.h"
+#include "core/train/model.h"
 
 namespace titan {
 

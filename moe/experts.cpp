@@ -2,8 +2,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "core/errors.h"
-#include "core/log.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
 
 // The device query needs the CUDA runtime headers; the wheel's libtorch_cuda provides the
 // symbol. Without them (a CPU-only LibTorch) every device reports capability 0.

@@ -1,7 +1,7 @@
 #include "moe/moe_layer.h"
 
-#include "core/functional.h"
-#include "core/recompute.h"
+#include "core/train/functional.h"
+#include "core/train/recompute.h"
 
 namespace titan {
 namespace {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/expert_exchange.h"
-#include "core/model.h"
+#include "core/train/expert_exchange.h"
+#include "core/train/model.h"
 #include "moe/experts.h"
 #include "moe/router.h"
 

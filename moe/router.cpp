@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 
 namespace titan {
 

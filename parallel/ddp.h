@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/grad_sync.h"
-#include "core/model.h"
+#include "core/train/grad_sync.h"
+#include "core/train/model.h"
 #include "parallel/process_group.h"
 
 namespace titan {

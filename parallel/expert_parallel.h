@@ -1,10 +1,10 @@
 // Expert parallelism's token exchange over an ep process group: the implementation of
-// core/expert_exchange.h that the MoE layers call (docs/distributed.md).
+// core/train/expert_exchange.h that the MoE layers call (docs/distributed.md).
 #pragma once
 
 #include <memory>
 
-#include "core/expert_exchange.h"
+#include "core/train/expert_exchange.h"
 #include "parallel/process_group.h"
 
 namespace titan {

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "core/grad_sync.h"
-#include "core/model.h"
-#include "core/optimizer.h"
+#include "core/train/grad_sync.h"
+#include "core/train/model.h"
+#include "core/train/optimizer.h"
 #include "parallel/process_group.h"
 #include "parallel/mesh.h"
 

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "core/errors.h"
+#include "core/base/errors.h"
 
 namespace titan {
 namespace {

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/errors.h"
-#include "core/log.h"
+#include "core/base/errors.h"
+#include "core/base/log.h"
 
 namespace titan {
 

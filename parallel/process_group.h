@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "parallel/launch_env.h"
 
 namespace c10d {

@@ -12,7 +12,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TITAN_BUILD_DIR:-$root/build}"
 [ "${TITAN_SKIP_BUILD:-0}" = 1 ] || TITAN_BUILD_DIR="$build" "$root/scripts/build.sh"
 
-# ---- loader (core/loader.h) --------------------------------------------------------------------
+# ---- loader (core/data/loader.h) --------------------------------------------------------------------
 bench_loader() {
   # A hidden Catch2 case ([.bench_data]): ctest never runs it.
   OMP_NUM_THREADS=1 "$build/test/titan_tests" "[.bench_data]" | grep -E '^loader '

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): the fused CPU ops (core/ops.h, core/fused_loss.h) against the unfused
+# Benchmark (not a test): the fused CPU ops (core/kernels/ops.h, core/kernels/fused_loss.h) against the unfused
 # ATen code that models/layers.cpp and core/trainer.cpp run today, side by side in one run, at
 # the Llama-3 debugmodel shapes and a longer one (T=2048, D=1024, vocab 32768), fp32 and bf16.
 # Prints each op's median forward + backward time, the ratio unfused / fused, and the loss's

@@ -29,8 +29,8 @@ from check_function_length import functions, strip_code  # noqa: E402
 HOT_PATH = [
     "models/*.cpp", "models/*.h", "models/*.cu",
     "moe/*.cpp", "moe/*.h", "moe/*.cu",
-    "core/functional.*", "core/ops*", "core/fused_loss.*", "core/optimizer.*",
-    "core/recompute.*", "core/model.*", "core/grad_sync.h", "core/expert_exchange.h",
+    "core/train/functional.*", "core/kernels/ops*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
+    "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
     "app/train_step.*",
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/expert_parallel.*",
 ]
@@ -50,14 +50,14 @@ ALLOWED = {
         "named read 2: expert parallelism's all-to-all split sizes (cached across recompute)",
     ("moe/moe_layer.cpp", "moe_load_metrics"):
         "logging steps only: the expert-load metrics of the log line",
-    ("core/optimizer.cpp", "AdamW::loop_step"):
+    ("core/train/optimizer.cpp", "AdamW::loop_step"):
         "optimizer.implementation = \"for-loop\", the textbook reference (reads the step count)",
     ("app/train_step.cpp", "wait_for_device"):
         "logging steps only: the phase timing's synchronization (StepOptions::time_phases)",
 }
 # data_ptr in these files passes pointers to kernels; it is not a host read.
-KERNEL_FILES = ["core/ops.cpp", "core/ops.cu", "core/ops_cpu_*.cpp", "core/ops_kernels.h",
-                "core/ops_cpu_kernels.h"]
+KERNEL_FILES = ["core/kernels/ops.cpp", "core/kernels/ops.cu", "core/kernels/ops_cpu_*.cpp", "core/kernels/ops_kernels.h",
+                "core/kernels/ops_cpu_kernels.h"]
 
 READS = [
     (re.compile(r"\.\s*item\s*[<(]"), ".item"),
@@ -156,7 +156,7 @@ def self_test():
         for rel, text in (("models/llama3.cpp", SELF_TEST_BAD),
                           ("moe/experts.cpp", SELF_TEST_ALLOWED),
                           ("models/hf_interop.cpp", SELF_TEST_BAD),  # not hot: not scanned
-                          ("core/tokenizer.cpp", SELF_TEST_BAD)):    # not hot: not scanned
+                          ("core/tokenizer/tokenizer.cpp", SELF_TEST_BAD)):    # not hot: not scanned
             os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
             with open(os.path.join(root, rel), "w", encoding="utf-8") as fh:
                 fh.write(text)

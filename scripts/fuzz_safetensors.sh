@@ -23,8 +23,8 @@ torch_root="$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))
 abi="$("$py" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')"
 
 bin="$out/fuzz_safetensors"
-srcs=("$root/test/fuzz/fuzz_safetensors.cpp" "$root/core/safetensors.cpp" "$root/core/durable_io.cpp")
-if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" "$root/core/safetensors.h" "$root/core/durable_io.h" -newer "$bin")" ]; then
+srcs=("$root/test/fuzz/fuzz_safetensors.cpp" "$root/core/checkpoint/safetensors.cpp" "$root/core/base/durable_io.cpp")
+if [ ! -x "$bin" ] || [ -n "$(find "${srcs[@]}" "$root/core/checkpoint/safetensors.h" "$root/core/base/durable_io.h" -newer "$bin")" ]; then
   echo "[fuzz] building $bin"
   # -lstdc++ comes before LibTorch: the wheel exports copies of some libstdc++ symbols (see
   # CMakeLists.txt). Only our own files are instrumented; LibTorch is not.

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/checkpointer.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "test_util.h"
 
 using namespace titan;

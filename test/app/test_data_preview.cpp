@@ -5,10 +5,10 @@
 
 #include <sstream>
 
-#include "core/blend.h"
-#include "core/config.h"
-#include "core/loader.h"
-#include "core/token_source.h"
+#include "core/data/blend.h"
+#include "core/config/config.h"
+#include "core/data/loader.h"
+#include "core/data/token_source.h"
 #include "test_util.h"
 
 using namespace titan;

@@ -12,7 +12,7 @@
 #include <chrono>
 #include <fstream>
 
-#include "core/token_source.h"
+#include "core/data/token_source.h"
 #include "test_util.h"
 
 using namespace titan;

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "test_util.h"
 
 using namespace titan;

@@ -5,7 +5,7 @@
 
 #include <regex>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "test_util.h"
 
 using namespace titan;

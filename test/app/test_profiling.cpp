@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
-#include "core/profiler.h"
+#include "core/config/config.h"
+#include "core/telemetry/profiler.h"
 #include "test_util.h"
 
 using namespace titan;

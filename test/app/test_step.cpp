@@ -16,7 +16,7 @@
 #include <set>
 
 #include "app/train_step.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "models/registry.h"
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 using namespace titan;

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "app/train_step.h"
-#include "core/memory_stats.h"
+#include "core/telemetry/memory_stats.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
 

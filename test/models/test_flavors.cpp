@@ -9,7 +9,7 @@
 
 #include <set>
 
-#include "core/config.h"
+#include "core/config/config.h"
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"

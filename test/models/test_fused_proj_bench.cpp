@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/ops.h"
+#include "core/kernels/ops.h"
 #include "test_util.h"
 
 using namespace titan;

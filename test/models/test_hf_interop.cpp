@@ -18,8 +18,8 @@
 #include <set>
 #include <tuple>
 
-#include "core/errors.h"
-#include "core/safetensors.h"
+#include "core/base/errors.h"
+#include "core/checkpoint/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"

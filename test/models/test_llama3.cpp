@@ -6,11 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/errors.h"
-#include "core/optimizer.h"
-#include "core/safetensors.h"
+#include "core/base/errors.h"
+#include "core/train/optimizer.h"
+#include "core/checkpoint/safetensors.h"
 #include "app/train_step.h"
-#include "core/functional.h"
+#include "core/train/functional.h"
 #include "models/llama3.h"
 #include "test_util.h"
 

@@ -8,7 +8,7 @@
 #include <functional>
 #include <memory>
 
-#include "core/memory_stats.h"
+#include "core/telemetry/memory_stats.h"
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"

@@ -12,10 +12,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/errors.h"
-#include "core/safetensors.h"
+#include "core/base/errors.h"
+#include "core/checkpoint/safetensors.h"
 #include "app/train_step.h"
-#include "core/functional.h"
+#include "core/train/functional.h"
 #include "models/deepseek_v3.h"
 #include "models/registry.h"
 #include "models/llama4.h"

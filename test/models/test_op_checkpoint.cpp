@@ -1,5 +1,5 @@
 // Op-level selective activation checkpointing (activation_checkpoint.selective_ac_option =
-// "op", core/recompute.h) against no checkpointing, for the three families: the losses and
+// "op", core/train/recompute.h) against no checkpointing, for the three families: the losses and
 // every gradient after two accumulated micro-batches must be bitwise equal, and the tape must
 // really hand back saved GEMM and attention outputs (counted by op_tape_replays()). The
 // binary's llama4 and deepseek_v3 debug configs train with "op" to the same losses as "none".
@@ -8,8 +8,8 @@
 #include <functional>
 #include <memory>
 
-#include "core/functional.h"
-#include "core/recompute.h"
+#include "core/train/functional.h"
+#include "core/train/recompute.h"
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"

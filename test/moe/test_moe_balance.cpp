@@ -3,8 +3,8 @@
 // checkpoint round trip, and the sequence-wise auxiliary loss.
 #include <catch2/catch.hpp>
 
-#include "core/safetensors.h"
-#include "core/recompute.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/train/recompute.h"
 #include "models/llama4.h"
 #include "moe/moe_layer.h"
 #include "test_util.h"

@@ -8,7 +8,7 @@
 #include <iomanip>
 #include <iostream>
 
-#include "core/memory_stats.h"
+#include "core/telemetry/memory_stats.h"
 #include "moe/moe_layer.h"
 
 using namespace titan;
@@ -82,7 +82,7 @@ TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_m
 TEST_CASE("moe bench: bytes one MoE layer allocates in forward and backward on the CPU",
           "[.bench]") {
   // The copies of dispatch and combine, counted by the product's CPU allocator
-  // (core/memory_stats.h): every byte allocated during one forward + backward of the layer,
+  // (core/telemetry/memory_stats.h): every byte allocated during one forward + backward of the layer,
   // temporaries included, in units of one (N, D) fp32 activation (N = tokens * top-k), next
   // to the peak. Deterministic on the CPU; docs/moe.md records the figures.
   install_cpu_memory_counter();

@@ -3,8 +3,8 @@
 // expert, and the loop and grouped_mm backends against each other on CPU.
 #include <catch2/catch.hpp>
 
-#include "core/errors.h"
-#include "core/memory_stats.h"
+#include "core/base/errors.h"
+#include "core/telemetry/memory_stats.h"
 #include "moe/dispatch.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
@@ -307,7 +307,7 @@ TEST_CASE("moe experts: backend selection on CPU", "[moe]") {
 TEST_CASE("moe dispatch: the aligned permute and combine are one gather each way", "[moe]") {
   // Reference: the unaligned permute/combine (rows in expert order) with the aligned rows
   // picked out by Dispatch::rows; exact (the same adds in the same order). Memory: the
-  // product's CPU allocator counts the bytes each call allocates (core/memory_stats.h).
+  // product's CPU allocator counts the bytes each call allocates (core/telemetry/memory_stats.h).
   install_cpu_memory_counter();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const int64_t T = 37, K = 2, E = 6, D = 64;

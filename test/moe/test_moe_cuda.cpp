@@ -3,7 +3,7 @@
 // exactly one per layer and forward and none in backward, and the two backends agree in bf16.
 #include <catch2/catch.hpp>
 
-#include "core/recompute.h"
+#include "core/train/recompute.h"
 #include "moe/moe_layer.h"
 #include "test_util.h"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch.optim.AdamW as the reference for titan-train's optimizer (core/optimizer.cpp).
+"""torch.optim.AdamW as the reference for titan-train's optimizer (core/train/optimizer.cpp).
 
 Input (--inputs, safetensors written by the C++ test): "param.<i>" initial values,
 "grad.<i>.<s>" the gradient of parameter i at step s, "lr" (steps,) fp64, "decay" (n,) int64

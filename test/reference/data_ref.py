@@ -1,4 +1,4 @@
-"""Independent reference for the token-data readers (test/core/test_token_source.cpp).
+"""Independent reference for the token-data readers (test/core/data/test_token_source.cpp).
 
   data_ref.py make DIR       write fixtures of every format into DIR and DIR/manifest.json:
                              per path spec, what numpy's memmap reads (token count, document

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference side of test/core/test_tokenize.cpp and the tokenize part of scripts/bench_data.sh.
+"""Reference side of test/core/data/test_tokenize.cpp and the tokenize part of scripts/bench_data.sh.
 
 Independent of titan-train's C++: documents are parsed with Python's json module, encoded
 with Hugging Face `tokenizers`, token files read with numpy, Megatron files written and read

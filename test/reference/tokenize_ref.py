@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference side of test/core/test_tokenizer.cpp, using Hugging Face `tokenizers`.
+"""Reference side of test/core/tokenizer/test_tokenizer.cpp, using Hugging Face `tokenizers`.
 
   encode TOKENIZER IN.json OUT.json   IN is a JSON list of strings; OUT gets {"ids": [[...]],
                                       "decoded": [...]} from encode(s, add_special_tokens=False)

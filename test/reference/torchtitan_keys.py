@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints every "section.key" of torchtitan's JobConfig (the installed torchtitan 0.2.2), one
-per line, for test/core/test_torchtitan_configs.cpp. Nested dataclasses become dotted paths
+per line, for test/core/config/test_torchtitan_configs.cpp. Nested dataclasses become dotted paths
 (quantize.linear.float8.filter_fqns); training-only imports are stubbed as in
 torchtitan_ref.py.
 """

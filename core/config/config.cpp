@@ -1,0 +1,811 @@
+// Everything derived from the option registry (core/config/config_options.cpp): value checks, TOML
+// loading, the command line, validation, and the text forms (--help, --dump-config, the
+// README reference, the startup table).
+#include "core/config/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "core/base/errors.h"
+
+namespace titan {
+namespace {
+
+// ---- text helpers --------------------------------------------------------------------------
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string format_double(double x) {
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (std::isnan(x)) return "nan";
+  // Shortest text that parses back to the same double, always with a '.' or exponent so
+  // that TOML reads it as a float.
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string quote_toml(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
+
+bool parse_bool_text(const std::string& t, bool& out) {
+  std::string l = t;
+  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  if (l == "true" || l == "1" || l == "yes" || l == "on") return out = true, true;
+  if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
+  return false;
+}
+
+std::string allowed_text(const Option& opt) {
+  if (!opt.later.empty()) return "only " + format_option_value(opt.default_value);
+  if (!opt.choices.empty()) return "one of " + join(opt.choices, ", ");
+  std::ostringstream os;
+  auto num = [&](double x) {
+    return opt.type == OptType::Int ? std::to_string(static_cast<int64_t>(x)) : format_double(x);
+  };
+  if (opt.min && opt.max && std::isfinite(*opt.max)) {
+    if (*opt.min == *opt.max) return "only " + num(*opt.min);
+    os << num(*opt.min) << " <= value <= " << num(*opt.max);
+  } else if (opt.min) {
+    os << "value >= " << num(*opt.min);
+  }
+  std::string r = os.str();
+  if (opt.type == OptType::FloatList) return "a list of floats" + (r.empty() ? "" : ", each " + r);
+  if (opt.type == OptType::StringList) return "a list of strings";
+  return r;
+}
+
+// ---- lookup and warnings -------------------------------------------------------------------
+
+// The option called `name`, directly or by an old spelling (then `*old` is set).
+const Option* lookup(const std::string& name, bool* old) {
+  *old = false;
+  for (auto& o : registry()) {
+    if (o.name() == name) return &o;
+    for (auto& a : o.aliases)
+      if (a == name) return *old = true, &o;
+  }
+  return nullptr;
+}
+
+// Adds "<where>: <body>" unless a warning with the same body is already there, so each
+// ignored or renamed key warns once however often and wherever it appears.
+void warn_once(std::vector<std::string>& warnings, const std::string& where,
+               const std::string& body) {
+  const std::string tail = ": " + body;
+  for (auto& w : warnings)
+    if (w.size() >= tail.size() && w.compare(w.size() - tail.size(), tail.size(), tail) == 0)
+      return;
+  warnings.push_back(where + tail);
+}
+
+void warn_ignored(std::vector<std::string>& warnings, const std::string& where,
+                  const std::string& name) {
+  std::string entry = ignored_torchtitan_entry(name);
+  std::string what = entry.size() > 2 && entry.compare(entry.size() - 2, 2, ".*") == 0
+                         ? "keys " + entry
+                         : "key " + entry;
+  warn_once(warnings, where, "ignoring torchtitan " + what + " (not used by titan-train)");
+}
+
+void warn_renamed(std::vector<std::string>& warnings, const std::string& where,
+                  const std::string& old_name, const Option& opt) {
+  warn_once(warnings, where,
+            old_name + " is an older torchtitan name; the current name is " + opt.name());
+}
+
+// ---- TOML ----------------------------------------------------------------------------------
+
+std::string describe_toml_node(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string:
+      os << "string " << quote_toml(*n.value<std::string>());
+      break;
+    case toml::node_type::integer:
+      os << "integer " << *n.value<int64_t>();
+      break;
+    case toml::node_type::floating_point:
+      os << "float " << format_double(*n.value<double>());
+      break;
+    case toml::node_type::boolean:
+      os << "boolean " << (*n.value<bool>() ? "true" : "false");
+      break;
+    case toml::node_type::array:
+      os << "an array";
+      break;
+    case toml::node_type::table:
+      os << "a table";
+      break;
+    default:
+      os << "a date/time";
+      break;
+  }
+  return os.str();
+}
+
+[[noreturn]] void wrong_type(const Option& opt, const std::string& where,
+                             const std::string& found) {
+  throw UserError(where + ": " + opt.name() + ": expected " + opt_type_name(opt.type) + ", found " +
+                  found);
+}
+
+std::optional<double> toml_number(const toml::node& n) {
+  if (n.is_integer()) return static_cast<double>(*n.value<int64_t>());
+  if (auto f = n.value_exact<double>()) return *f;
+  return std::nullopt;
+}
+
+// The items of a TOML array, each converted by `item`; nullopt when `n` is no array.
+template <class T, class F>
+std::optional<std::vector<T>> toml_list(const Option& opt, const toml::node& n,
+                                        const std::string& where, F item) {
+  std::vector<T> out;
+  if (auto* arr = n.as_array()) {
+    for (auto& e : *arr) {
+      std::optional<T> v = item(e);
+      if (!v) wrong_type(opt, where, "an array holding " + describe_toml_node(e));
+      out.push_back(*v);
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string& where) {
+  switch (opt.type) {
+    case OptType::Bool:
+      if (auto b = n.value_exact<bool>()) return *b;
+      break;
+    case OptType::Int:
+      if (auto i = n.value_exact<int64_t>()) return *i;
+      break;
+    case OptType::Float:
+      if (auto x = toml_number(n)) return *x;
+      break;
+    case OptType::String:
+      if (auto s = n.value_exact<std::string>()) return *s;
+      // torchtitan writes selective_ac_option = '2' but users write 2.
+      if (n.is_integer()) return std::to_string(*n.value<int64_t>());
+      break;
+    case OptType::StringList: {
+      if (auto s = n.value_exact<std::string>()) return split_commas(*s);
+      auto l = toml_list<std::string>(
+          opt, n, where, [](const toml::node& e) { return e.value_exact<std::string>(); });
+      if (l) return *l;
+      break;
+    }
+    case OptType::FloatList: {
+      if (auto x = toml_number(n)) return std::vector<double>{*x};
+      auto l = toml_list<double>(opt, n, where, toml_number);
+      if (l) return *l;
+      break;
+    }
+  }
+  wrong_type(opt, where, describe_toml_node(n));
+}
+
+bool section_known(const std::string& section) {
+  for (auto& o : registry())
+    if (o.section == section) return true;
+  return ignored_torchtitan_entry(section + ".x") != "";
+}
+
+void check_section(const std::string& section, const std::string& where) {
+  if (section_known(section)) return;
+  std::string near;
+  size_t best = std::numeric_limits<size_t>::max();
+  for (auto& o : registry()) {
+    size_t dd = edit_distance(section, o.section);
+    if (dd < best) best = dd, near = o.section;
+  }
+  throw UserError(where + ": unknown section [" + section + "]; nearest valid section: [" + near +
+                  "] (see --help)");
+}
+
+struct TomlEntry {
+  std::string name;  // "section.key"
+  const toml::node* node;
+  toml::source_position pos;
+};
+
+// Every "section.key" of the file in file order, so the first problem reported is the first
+// in the file. Tables below a section stay one entry (a key or an ignored torchtitan table).
+std::vector<TomlEntry> toml_entries(const toml::table& root, const std::string& source) {
+  std::vector<TomlEntry> out;
+  for (auto&& [sec_key, sec_node] : root) {
+    std::string section(sec_key.str());
+    std::string where = source + ":" + std::to_string(sec_node.source().begin.line);
+    const toml::table* tbl = sec_node.as_table();
+    if (!tbl)
+      throw UserError(where + ": top-level key '" + section +
+                      "': expected a [section] table, found " + describe_toml_node(sec_node) +
+                      "; allowed: sections such as [training] (see --help)");
+    check_section(section, where);
+    for (auto&& [k, node] : *tbl)
+      out.push_back({section + "." + std::string(k.str()), &node, node.source().begin});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TomlEntry& a, const TomlEntry& b) {
+    return a.pos.line != b.pos.line ? a.pos.line < b.pos.line : a.pos.column < b.pos.column;
+  });
+  return out;
+}
+
+void apply_toml_table(JobConfig& cfg, const toml::table& root, const std::string& source,
+                      std::vector<std::string>& warnings) {
+  for (const TomlEntry& e : toml_entries(root, source)) {
+    const std::string where = source + ":" + std::to_string(e.pos.line);
+    bool old = false;
+    const Option* opt = lookup(e.name, &old);
+    if (!opt) {
+      if (!is_ignored_torchtitan_key(e.name))
+        throw UserError(where + ": unknown key " + e.name +
+                        "; nearest valid key: " + nearest_option_name(e.name));
+      warn_ignored(warnings, where, e.name);
+      continue;
+    }
+    if (old) warn_renamed(warnings, where, e.name, *opt);
+    OptValue v = toml_to_value(*opt, *e.node, where);
+    check_option_value(*opt, v, where);
+    opt->set(cfg, v);
+  }
+}
+
+// ---- validation ----------------------------------------------------------------------------
+
+void validate_activation_checkpoint(const ActivationCheckpointSection& ac) {
+  if (ac.mode != "selective") return;
+  const std::string& s = ac.selective_ac_option;
+  bool ok = s == "op" || (!s.empty() && s.size() < 10 &&
+                          std::all_of(s.begin(), s.end(), ::isdigit) && std::stoll(s) > 0);
+  if (!ok)
+    throw UserError("activation_checkpoint.selective_ac_option = " + quote_toml(s) +
+                    " is not allowed; allowed: op, or a positive integer N (recompute every Nth "
+                    "block)");
+}
+
+void validate_datasets(const TrainingSection& t) {
+  const auto& w = t.dataset_weights;
+  if (w.empty()) return;
+  if (w.size() != t.dataset_path.size())
+    throw UserError("training.dataset_weights has " + std::to_string(w.size()) +
+                    " weights but training.dataset_path has " +
+                    std::to_string(t.dataset_path.size()) +
+                    " entries; allowed: one weight per path, or none (weights by tokens)");
+  if (std::all_of(w.begin(), w.end(), [](double x) { return x == 0; }))
+    throw UserError(
+        "training.dataset_weights are all 0; allowed: non-negative weights, at least one "
+        "positive");
+}
+
+}  // namespace
+
+// ---- public: registry queries --------------------------------------------------------------
+
+const char* opt_type_name(OptType t) {
+  switch (t) {
+    case OptType::Bool:
+      return "bool";
+    case OptType::Int:
+      return "int";
+    case OptType::Float:
+      return "float";
+    case OptType::String:
+      return "string";
+    case OptType::StringList:
+      return "list[string]";
+    case OptType::FloatList:
+      return "list[float]";
+  }
+  return "?";
+}
+
+const Option* find_option(const std::string& full_name) {
+  bool old = false;
+  return lookup(full_name, &old);
+}
+
+std::string ignored_torchtitan_entry(const std::string& full_name) {
+  for (auto& k : ignored_torchtitan_keys()) {
+    if (k == full_name) return k;
+    if (k.size() > 2 && k.compare(k.size() - 2, 2, ".*") == 0) {
+      const std::string stem = k.substr(0, k.size() - 2);  // "a.b.*" covers a.b and a.b.x
+      if (full_name == stem || full_name.rfind(stem + ".", 0) == 0) return k;
+    }
+  }
+  return "";
+}
+
+bool is_ignored_torchtitan_key(const std::string& full_name) {
+  return !ignored_torchtitan_entry(full_name).empty();
+}
+
+std::string nearest_option_name(const std::string& name) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (auto& o : registry()) {
+    size_t dd = edit_distance(name, o.name());
+    if (dd < best_d) best_d = dd, best = o.name();
+  }
+  return best;
+}
+
+JobConfig default_config() {
+  JobConfig c;
+  for (auto& o : registry()) o.set(c, o.default_value);
+  return c;
+}
+
+// ---- public: values ------------------------------------------------------------------------
+
+std::string format_option_value(const OptValue& v) {
+  struct V {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return format_double(d); }
+    std::string operator()(const std::string& s) const { return quote_toml(s); }
+    std::string operator()(const std::vector<std::string>& l) const {
+      std::vector<std::string> q;
+      for (auto& s : l) q.push_back(quote_toml(s));
+      return "[" + join(q, ", ") + "]";
+    }
+    std::string operator()(const std::vector<double>& l) const {
+      std::vector<std::string> q;
+      for (double x : l) q.push_back(format_double(x));
+      return "[" + join(q, ", ") + "]";
+    }
+  };
+  return std::visit(V{}, v);
+}
+
+void check_option_value(const Option& opt, const OptValue& v, const std::string& where) {
+  if (!opt.later.empty()) {
+    if (v == opt.default_value) return;
+    throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) + " needs " +
+                    opt.later +
+                    ", which titan-train does not support yet; allowed: " + allowed_text(opt));
+  }
+  auto fail = [&] {
+    throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) +
+                    " is not allowed; allowed: " + allowed_text(opt));
+  };
+  auto in_range = [&](double x) {
+    return !std::isnan(x) && !(opt.min && x < *opt.min) && !(opt.max && x > *opt.max);
+  };
+  auto chosen = [&](const std::string& s) {
+    return opt.choices.empty() ||
+           std::find(opt.choices.begin(), opt.choices.end(), s) != opt.choices.end();
+  };
+  switch (opt.type) {
+    case OptType::Int:
+      if (!in_range(static_cast<double>(std::get<int64_t>(v)))) fail();
+      break;
+    case OptType::Float:
+      if (!in_range(std::get<double>(v))) fail();
+      break;
+    case OptType::String:
+      if (!chosen(std::get<std::string>(v))) fail();
+      break;
+    case OptType::StringList:
+      for (auto& s : std::get<std::vector<std::string>>(v))
+        if (!chosen(s)) fail();
+      break;
+    case OptType::FloatList:
+      for (double x : std::get<std::vector<double>>(v))
+        if (!in_range(x)) fail();
+      break;
+    case OptType::Bool:
+      break;
+  }
+}
+
+OptValue parse_option_text(const Option& opt, const std::vector<std::string>& texts,
+                           const std::string& where) {
+  auto single = [&]() -> const std::string& {
+    if (texts.size() != 1)
+      throw UserError(where + ": --" + opt.name() + ": expected one " + opt_type_name(opt.type) +
+                      " value, found " + std::to_string(texts.size()));
+    return texts[0];
+  };
+  auto bad = [&](const char* expected, const std::string& t) {
+    return UserError(where + ": --" + opt.name() + ": expected " + expected + ", found '" + t +
+                     "'");
+  };
+  OptValue v;
+  switch (opt.type) {
+    case OptType::Bool: {
+      bool b = true;  // a bare flag, or --key=
+      if (!texts.empty() && !(texts.size() == 1 && texts[0].empty()) &&
+          !parse_bool_text(single(), b))
+        throw bad("bool (true/false)", single());
+      v = b;
+      break;
+    }
+    case OptType::Int: {
+      const std::string& t = single();
+      char* end = nullptr;
+      errno = 0;
+      long long x = std::strtoll(t.c_str(), &end, 10);
+      if (t.empty() || *end || errno) throw bad("int", t);
+      v = static_cast<int64_t>(x);
+      break;
+    }
+    case OptType::Float: {
+      const std::string& t = single();
+      char* end = nullptr;
+      double x = std::strtod(t.c_str(), &end);
+      if (t.empty() || *end) throw bad("float", t);
+      v = x;
+      break;
+    }
+    case OptType::String:
+      v = single();
+      break;
+    case OptType::StringList: {
+      std::vector<std::string> out;
+      for (auto& t : texts)
+        for (auto& item : split_commas(t)) out.push_back(item);
+      v = out;
+      break;
+    }
+    case OptType::FloatList: {
+      std::vector<double> out;
+      for (auto& t : texts)
+        for (auto& item : split_commas(t)) {
+          char* end = nullptr;
+          double x = std::strtod(item.c_str(), &end);
+          if (*end) throw bad("a comma-separated list of floats", t);
+          out.push_back(x);
+        }
+      v = out;
+      break;
+    }
+  }
+  check_option_value(opt, v, where);
+  return v;
+}
+
+// ---- public: TOML --------------------------------------------------------------------------
+
+void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
+                       std::vector<std::string>& warnings) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    auto& b = e.source().begin;
+    throw UserError(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
+                    ": TOML syntax error: " + std::string(e.description()));
+  }
+  apply_toml_table(cfg, root, source_name, warnings);
+}
+
+void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::string>& warnings) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError("config file '" + path +
+                    "': cannot be read (it is a folder); give a TOML file with --config FILE");
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw UserError("config file '" + path + "': cannot be read (" + std::strerror(errno) +
+                    "); give an existing TOML file with --config FILE");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  apply_toml_string(cfg, ss.str(), path, warnings);
+}
+
+// ---- public: validation --------------------------------------------------------------------
+
+DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
+  DerivedConfig d;
+  const auto& p = cfg.parallelism;
+  d.dp_shard = p.data_parallel_shard_degree == -1
+                   ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree)
+                   : p.data_parallel_shard_degree;
+  d.dp_degree = p.data_parallel_replicate_degree * d.dp_shard;
+  const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
+  d.global_batch =
+      cfg.training.global_batch_size == -1 ? per_micro : cfg.training.global_batch_size;
+  d.grad_accum_steps = per_micro > 0 ? d.global_batch / per_micro : 1;
+  d.tokens_per_step = d.global_batch * cfg.training.seq_len;
+  return d;
+}
+
+void validate_config(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  if (p.data_parallel_shard_degree == 0)
+    throw UserError(
+        "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 (the rest of "
+        "the world) or a positive degree");
+  if (p.data_parallel_shard_degree > 0 && p.data_parallel_shard_degree % p.expert_parallel_degree)
+    throw UserError(
+        "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
+        " (experts borrow ranks from data_parallel_shard_degree)");
+  const auto& t = cfg.training;
+  if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
+    throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
+                    " is not a multiple of local_batch_size (" +
+                    std::to_string(t.local_batch_size) + "); allowed: -1 or a multiple of " +
+                    std::to_string(t.local_batch_size) + " x the data-parallel degree");
+  validate_datasets(t);
+  validate_activation_checkpoint(cfg.activation_checkpoint);
+  const auto& pr = cfg.profiling;
+  if (pr.enable_profiling && pr.profile_freq < pr.profiler_active + pr.profiler_warmup)
+    throw UserError("profiling.profile_freq = " + std::to_string(pr.profile_freq) +
+                    " is less than profiler_warmup + profiler_active = " +
+                    std::to_string(pr.profiler_warmup + pr.profiler_active) +
+                    "; allowed: profile_freq >= profiler_warmup + profiler_active");
+  if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
+    throw UserError(
+        "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
+        "allowed: llama3, deepseek_v3");
+  if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
+    throw UserError(
+        "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "
+        "checkpoint.enable = true (the seed is written to the checkpoint folder)");
+}
+
+void validate_for_world(const JobConfig& cfg, int64_t world_size) {
+  validate_config(cfg);
+  const auto& p = cfg.parallelism;
+  const std::string world = std::to_string(world_size);
+  if (p.data_parallel_shard_degree == -1 && world_size % p.data_parallel_replicate_degree != 0)
+    throw UserError("parallelism.data_parallel_replicate_degree = " +
+                    std::to_string(p.data_parallel_replicate_degree) +
+                    " does not divide the world size " + world);
+  if (cfg.checkpoint.create_seed_checkpoint && world_size != 1)
+    throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
+                    "; allowed: a single process (as torchtitan, the seed is written unsharded)");
+  DerivedConfig d = derive_config(cfg, world_size);
+  if (d.dp_degree != world_size)
+    throw UserError("parallelism: data_parallel_replicate_degree (" +
+                    std::to_string(p.data_parallel_replicate_degree) +
+                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) +
+                    ") = " + std::to_string(d.dp_degree) + ", but the world size is " + world +
+                    "; allowed: a product equal to the world size");
+  if (d.dp_shard % p.expert_parallel_degree != 0)
+    throw UserError(
+        "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        " must divide the shard degree " + std::to_string(d.dp_shard) + " of the world size " +
+        world + " (experts borrow ranks from data_parallel_shard_degree)");
+  const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
+  if (d.global_batch % per_micro != 0)
+    throw UserError("training.global_batch_size = " + std::to_string(d.global_batch) +
+                    " is not a multiple of local_batch_size (" +
+                    std::to_string(cfg.training.local_batch_size) + ") x data-parallel degree (" +
+                    std::to_string(d.dp_degree) + ") = " + std::to_string(per_micro) +
+                    "; allowed: -1 or a multiple of " + std::to_string(per_micro));
+}
+
+// ---- public: text forms --------------------------------------------------------------------
+
+std::string dump_config_toml(const JobConfig& cfg) {
+  std::ostringstream os;
+  os << "# titan-train effective config (defaults < TOML < command line)\n";
+  std::string cur;
+  for (auto& o : registry()) {
+    // The file pointer is not part of the config; `later` keys can only hold their default.
+    if (o.name() == "job.config_file" || !o.later.empty()) continue;
+    if (o.section != cur) {
+      os << (cur.empty() ? "" : "\n") << "[" << o.section << "]\n";
+      cur = o.section;
+    }
+    os << o.key << " = " << format_option_value(o.get(cfg)) << "\n";
+  }
+  return os.str();
+}
+
+std::string config_help_text() {
+  std::ostringstream os;
+  os << "titan-train: pre-train Llama-3, Llama-4 and DeepSeek-V3 models on LibTorch.\n\n"
+        "Usage:\n"
+        "  titan-train [--config FILE] [--section.key=value | --section.key value]...\n"
+        "  titan-train tokenize --tokenizer FILE --input FILE --output FILE.tok\n"
+        "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
+        "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
+        "                         [--dtype float32|bfloat16|float16]\n"
+        "  titan-train --help | --dump-config\n\n"
+        "Precedence: defaults < TOML file < command line. Booleans: --key, --key=true,\n"
+        "--key false. Lists: --key a,b or --key a b. Empty values: --key= .\n\n"
+        "Options:\n";
+  std::string cur;
+  for (auto& o : registry()) {
+    if (o.section != cur) {
+      os << "\n[" << o.section << "]\n";
+      cur = o.section;
+    }
+    os << "  --" << o.name() << " <" << opt_type_name(o.type)
+       << ">  (default: " << format_option_value(o.default_value) << ")\n      " << o.help;
+    std::string allowed = allowed_text(o);
+    if (!allowed.empty()) os << "; allowed: " << allowed;
+    if (!o.aliases.empty()) os << "; older name: " << join(o.aliases, ", ");
+    os << "\n";
+  }
+  os << "\nAccepted with a warning and ignored (torchtitan keys): "
+     << join(ignored_torchtitan_keys(), ", ") << "\n";
+  return os.str();
+}
+
+std::string config_reference_markdown() {
+  auto esc = [](const std::string& s) {
+    std::string r;
+    for (char c : s) r += (c == '|') ? std::string("\\|") : std::string(1, c);
+    return r;
+  };
+  std::ostringstream os;
+  os << "| key | type | default | allowed | description |\n|---|---|---|---|---|\n";
+  for (auto& o : registry()) {
+    std::string help = o.help;
+    if (!o.aliases.empty()) help += " (older name: " + join(o.aliases, ", ") + ")";
+    os << "| `" << o.name() << "` | " << opt_type_name(o.type) << " | `"
+       << esc(format_option_value(o.default_value)) << "` | " << esc(allowed_text(o)) << " | "
+       << esc(help) << " |\n";
+  }
+  return os.str();
+}
+
+std::string config_table(const JobConfig& cfg) {
+  std::ostringstream os;
+  size_t w = 0;
+  for (auto& o : registry()) w = std::max(w, o.name().size());
+  std::string rule(w + 40, '-');
+  os << "+" << rule << "\n";
+  os << "| " << std::left << std::setw(static_cast<int>(w)) << "option"
+     << " | value\n";
+  os << "+" << rule << "\n";
+  for (auto& o : registry()) {
+    if (!o.later.empty()) continue;
+    OptValue v = o.get(cfg);
+    bool changed = v != o.default_value;
+    os << "| " << std::left << std::setw(static_cast<int>(w)) << o.name() << " | "
+       << format_option_value(v) << (changed ? "  *" : "") << "\n";
+  }
+  os << "+" << rule << "\n";
+  os << "(* differs from the default)\n";
+  return os.str();
+}
+
+uint64_t config_hash(const JobConfig& cfg) {
+  std::string s = dump_config_toml(cfg);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// ---- public: command line ------------------------------------------------------------------
+
+namespace {
+
+bool is_option_arg(const char* a) {
+  return std::strncmp(a, "--", 2) == 0;
+}
+
+// The values of `--name` given without '=': the arguments after argv[*i] that the option
+// takes. A bool takes the next argument only when it is a bool word (a bare flag is true);
+// a scalar takes exactly the next one; a list takes every following non-option argument.
+std::vector<std::string> take_values(const Option& o, int argc, const char* const* argv, int* i) {
+  const std::string flag = "--" + o.name();
+  std::vector<std::string> texts;
+  bool b;
+  if (o.type == OptType::Bool) {
+    if (*i + 1 < argc && parse_bool_text(argv[*i + 1], b)) texts.push_back(argv[++*i]);
+    return texts;
+  }
+  const bool list = o.type == OptType::StringList || o.type == OptType::FloatList;
+  while (*i + 1 < argc && !is_option_arg(argv[*i + 1])) {
+    texts.push_back(argv[++*i]);
+    if (!list) break;
+  }
+  if (texts.empty()) {
+    std::string found = *i + 1 < argc ? std::string("the option ") + argv[*i + 1] : "the end";
+    throw UserError("command line: " + flag + " expects a " + opt_type_name(o.type) +
+                    " value but found " + found + "; allowed: " + flag + " VALUE, " + flag +
+                    "=VALUE, or " + flag + "= for an empty value");
+  }
+  return texts;
+}
+
+}  // namespace
+
+CliResult parse_command_line(int argc, const char* const* argv) {
+  CliResult r;
+  r.cfg = default_config();
+  std::vector<std::pair<const Option*, std::vector<std::string>>> given;  // in argv order
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      r.show_help = true;
+      continue;
+    }
+    if (a == "--dump-config") {
+      r.dump_config = true;
+      continue;
+    }
+    if (!is_option_arg(argv[i]))
+      throw UserError("command line: unexpected argument '" + a +
+                      "'; allowed: --section.key=value options (see --help)");
+    const size_t eq = a.find('=');
+    std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (name == "config") name = "job.config_file";
+    bool old = false;
+    const Option* o = lookup(name, &old);
+    if (!o) {
+      if (!is_ignored_torchtitan_key(name))
+        throw UserError("command line: unknown option --" + name + "; nearest valid option: --" +
+                        nearest_option_name(name));
+      warn_ignored(r.warnings, "command line", name);
+      if (eq == std::string::npos && i + 1 < argc && !is_option_arg(argv[i + 1])) ++i;  // its value
+      continue;
+    }
+    if (old) warn_renamed(r.warnings, "command line", name, *o);
+    std::vector<std::string> texts;
+    if (eq != std::string::npos)
+      texts.push_back(a.substr(eq + 1));
+    else
+      texts = take_values(*o, argc, argv, &i);
+    given.emplace_back(o, std::move(texts));
+  }
+
+  // defaults < TOML < command line. A repeated option: the last wins; lists add up.
+  r.cfg.job.config_file.clear();
+  for (auto& [o, texts] : given)
+    if (o->name() == "job.config_file") r.cfg.job.config_file = texts.back();
+  if (!r.cfg.job.config_file.empty()) apply_toml_file(r.cfg, r.cfg.job.config_file, r.warnings);
+  std::map<const Option*, std::vector<std::string>> merged;
+  for (auto& [o, texts] : given) {
+    const bool list = o->type == OptType::StringList || o->type == OptType::FloatList;
+    auto& m = merged[o];
+    if (!list) m.clear();
+    m.insert(m.end(), texts.begin(), texts.end());
+  }
+  for (auto& [o, texts] : merged) o->set(r.cfg, parse_option_text(*o, texts, "command line"));
+  return r;
+}
+
+}  // namespace titan

@@ -1,0 +1,456 @@
+// The option registry: every key titan-train reads, one function per TOML section, and the
+// torchtitan keys it accepts and ignores. Everything else in core/config/config.cpp (TOML, command
+// line, --help, --dump-config, the README reference, validation) is derived from this table.
+#include <limits>
+#include <type_traits>
+
+#include "core/config/config.h"
+
+namespace titan {
+namespace {
+
+template <class T>
+struct Identity {
+  using type = T;
+};
+
+template <class T>
+constexpr OptType type_of() {
+  if constexpr (std::is_same_v<T, bool>) return OptType::Bool;
+  if constexpr (std::is_same_v<T, int64_t>) return OptType::Int;
+  if constexpr (std::is_same_v<T, double>) return OptType::Float;
+  if constexpr (std::is_same_v<T, std::string>) return OptType::String;
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return OptType::StringList;
+  if constexpr (std::is_same_v<T, std::vector<double>>) return OptType::FloatList;
+}
+
+using Strings = std::vector<std::string>;
+using Floats = std::vector<double>;
+constexpr double kNoMax = std::numeric_limits<double>::infinity();
+
+// Chained settings of the entry just added (valid until the next one is added).
+struct Def {
+  Option* o;
+  Def& choices(std::vector<std::string> c) {
+    o->choices = std::move(c);
+    return *this;
+  }
+  Def& range(std::optional<double> lo, std::optional<double> hi) {
+    o->min = lo;
+    o->max = hi;
+    return *this;
+  }
+  Def& alias(std::string a) {
+    o->aliases.push_back(std::move(a));
+    return *this;
+  }
+};
+
+// Adds the entries of one TOML section, each bound to a field of JobConfig::*sec.
+template <class Sec>
+class SectionDefs {
+ public:
+  SectionDefs(const char* name, Sec JobConfig::*sec, std::vector<Option>& out)
+      : name_(name), sec_(sec), out_(out) {}
+
+  template <class T>
+  Def add(const char* key, T Sec::*field, typename Identity<T>::type value, const char* help) {
+    Option& o = push(key, type_of<T>(), OptValue(std::move(value)), help);
+    auto sec = sec_;
+    o.get = [sec, field](const JobConfig& c) { return OptValue(c.*sec.*field); };
+    o.set = [sec, field](JobConfig& c, const OptValue& v) { c.*sec.*field = std::get<T>(v); };
+    return Def{&o};
+  }
+
+  // A torchtitan key for a feature titan-train does not have yet: only `value` is accepted.
+  template <class T>
+  Def later(const char* key, T value, const char* feature, const char* help) {
+    Option& o = push(key, type_of<T>(), OptValue(value), help);
+    o.later = feature;
+    OptValue v(std::move(value));
+    o.get = [v](const JobConfig&) { return v; };
+    o.set = [](JobConfig&, const OptValue&) {};  // check_option_value admits only the default
+    return Def{&o};
+  }
+
+ private:
+  Option& push(const char* key, OptType type, OptValue value, const char* help) {
+    Option o;
+    o.section = name_;
+    o.key = key;
+    o.type = type;
+    o.default_value = std::move(value);
+    o.help = help;
+    out_.push_back(std::move(o));
+    return out_.back();
+  }
+
+  const char* name_;
+  Sec JobConfig::*sec_;
+  std::vector<Option>& out_;
+};
+
+void job_options(std::vector<Option>& out) {
+  SectionDefs<JobSection> s("job", &JobConfig::job, out);
+  s.add("config_file", &JobSection::config_file, "", "TOML config file to load (same as --config)");
+  s.add("dump_folder", &JobSection::dump_folder, "./outputs",
+        "Folder for metrics, TensorBoard events and checkpoints");
+  s.add("description", &JobSection::description, "default job", "Free-text description of the job");
+  s.add("use_for_integration_test", &JobSection::use_for_integration_test, false,
+        "Marks a config as part of the integration suite (informational)");
+  s.add("print_config", &JobSection::print_config, false,
+        "Also print the merged config as TOML at startup")
+      .alias("job.print_args");
+}
+
+void model_options(std::vector<Option>& out) {
+  SectionDefs<ModelSection> s("model", &JobConfig::model, out);
+  s.add("name", &ModelSection::name, "llama3", "Model family")
+      .choices({"llama3", "llama4", "deepseek_v3"});
+  s.add("flavor", &ModelSection::flavor, "debugmodel",
+        "Model size within the family (see docs/models.md)");
+  s.add("hf_assets_path", &ModelSection::hf_assets_path, "",
+        "Folder holding tokenizer.json (Hugging Face layout); empty: use tokenizer_path");
+  s.add("tokenizer_path", &ModelSection::tokenizer_path, "",
+        "tokenizer.json file, or \"bytes\" for the byte tokenizer; empty: the bundled "
+        "tokenizer made by scripts/setup.sh");
+  s.later("converters", Strings{}, "float8 / mx training (model converters)",
+          "Model converters (float8, mx): not supported yet");
+}
+
+void optimizer_options(std::vector<Option>& out) {
+  SectionDefs<OptimizerSection> s("optimizer", &JobConfig::optimizer, out);
+  s.add("name", &OptimizerSection::name, "AdamW", "Optimizer").choices({"AdamW"});
+  s.add("lr", &OptimizerSection::lr, 8e-4, "Peak learning rate").range(0.0, kNoMax);
+  s.add("beta1", &OptimizerSection::beta1, 0.9, "AdamW first-moment decay").range(0.0, 1.0);
+  s.add("beta2", &OptimizerSection::beta2, 0.95, "AdamW second-moment decay").range(0.0, 1.0);
+  s.add("eps", &OptimizerSection::eps, 1e-8, "AdamW epsilon").range(0.0, kNoMax);
+  s.add("weight_decay", &OptimizerSection::weight_decay, 0.1,
+        "Decoupled weight decay, applied to matrices only (docs/training.md)")
+      .range(0.0, kNoMax);
+  s.add("weight_decay_scope", &OptimizerSection::weight_decay_scope, "matrices",
+        "Parameters weight_decay applies to: matrices (not norm gains or the embedding), or "
+        "all of them as torchtitan does")
+      .choices({"matrices", "all"});
+  s.add("implementation", &OptimizerSection::implementation, "fused",
+        "AdamW kernel: fused (one multi-tensor kernel) or for-loop")
+      .choices({"fused", "foreach", "for-loop"});
+}
+
+void lr_scheduler_options(std::vector<Option>& out) {
+  SectionDefs<LRSchedulerSection> s("lr_scheduler", &JobConfig::lr_scheduler, out);
+  s.add("warmup_steps", &LRSchedulerSection::warmup_steps, 200, "Linear warmup steps")
+      .range(0.0, kNoMax);
+  s.add("decay_ratio", &LRSchedulerSection::decay_ratio, -1.0,
+        "Fraction of the steps spent decaying (warmup-stable-decay); negative: decay over "
+        "every step after warmup")
+      .range(-1.0, 1.0);
+  s.add("decay_type", &LRSchedulerSection::decay_type, "linear", "Shape of the decay")
+      .choices({"linear", "sqrt", "cosine"});
+  s.add("min_lr_factor", &LRSchedulerSection::min_lr_factor, 0.0,
+        "Floor of the decay as a fraction of the peak lr")
+      .range(0.0, 1.0)
+      .alias("lr_scheduler.lr_min");
+  s.later("total_steps", int64_t{-1}, "a schedule length other than training.steps",
+          "Steps the schedule spans instead of training.steps: not supported yet (-1: unset)");
+}
+
+void training_options(std::vector<Option>& out) {
+  SectionDefs<TrainingSection> s("training", &JobConfig::training, out);
+  s.add("dataset", &TrainingSection::dataset, "kjv",
+        "Dataset name; \"kjv\" is the bundled King James Bible corpus");
+  s.add("dataset_path", &TrainingSection::dataset_path, Strings{},
+        "Data files or folders: .txt (blank-line separated documents), .jsonl (\"text\" "
+        "field) or .tok (made by `titan-train tokenize`); several form a blend; empty: the "
+        "named dataset");
+  s.add("dataset_weights", &TrainingSection::dataset_weights, Floats{},
+        "Blend weight of each dataset_path entry; empty: proportional to their tokens")
+      .range(0.0, kNoMax);
+  s.add("local_batch_size", &TrainingSection::local_batch_size, 8,
+        "Sequences per micro-batch on each rank")
+      .range(1.0, kNoMax)
+      .alias("training.batch_size");
+  s.add("global_batch_size", &TrainingSection::global_batch_size, -1,
+        "Sequences per optimizer step over all ranks; -1: local_batch_size x data-parallel "
+        "degree. Larger values accumulate gradients")
+      .range(-1.0, kNoMax);
+  s.add("seq_len", &TrainingSection::seq_len, 2048, "Tokens per sequence").range(1.0, kNoMax);
+  s.add("max_norm", &TrainingSection::max_norm, 1.0,
+        "Clip gradients to this global L2 norm; 0 disables clipping")
+      .range(0.0, kNoMax);
+  s.add("steps", &TrainingSection::steps, 10000, "Optimizer steps to train").range(1.0, kNoMax);
+  s.add("mixed_precision_param", &TrainingSection::mixed_precision_param, "bfloat16",
+        "Compute dtype of parameters on CUDA (fp32 master weights are kept); CPU runs stay in "
+        "float32")
+      .choices({"bfloat16", "float32"});
+  s.add("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce, "float32",
+        "Dtype of gradient reductions across ranks")
+      .choices({"float32", "bfloat16"});
+  s.add("holdout_fraction", &TrainingSection::holdout_fraction, 0.01,
+        "Fraction of documents held out of training for validation")
+      .range(0.0, 0.5);
+  s.later("dtype", std::string("float32"), "training without fp32 master weights",
+          "Parameter dtype: only float32 masters (use mixed_precision_param for bf16 compute)");
+}
+
+void parallelism_options(std::vector<Option>& out) {
+  SectionDefs<ParallelismSection> s("parallelism", &JobConfig::parallelism, out);
+  s.add("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree, 1,
+        "Replicas (DDP, or HSDP with shard degree > 1)")
+      .range(1.0, kNoMax);
+  s.add("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree, -1,
+        "FSDP shard degree; -1: the rest of the world size")
+      .range(-1.0, kNoMax);
+  s.add("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward, "default",
+        "Free gathered parameters after forward: default (yes), always, never")
+      .choices({"default", "always", "never"});
+  s.later("tensor_parallel_degree", int64_t{1}, "tensor parallelism",
+          "Tensor parallelism degree: not supported yet");
+  s.later("pipeline_parallel_degree", int64_t{1}, "pipeline parallelism",
+          "Pipeline parallelism degree: not supported yet");
+  s.later("context_parallel_degree", int64_t{1}, "context parallelism",
+          "Context parallelism degree: not supported yet");
+  s.add("expert_parallel_degree", &ParallelismSection::expert_parallel_degree, 1,
+        "Expert-parallel degree, borrowed from the shard dimension (dp2ep)")
+      .range(1.0, kNoMax);
+  s.later("expert_tensor_parallel_degree", int64_t{1}, "expert tensor parallelism",
+          "Tensor parallelism inside the experts: not supported yet");
+}
+
+void checkpoint_options(std::vector<Option>& out) {
+  using C = CheckpointSection;
+  SectionDefs<C> s("checkpoint", &JobConfig::checkpoint, out);
+  s.add("enable", &C::enable, false, "Save checkpoints and resume from the latest one")
+      .alias("checkpoint.enable_checkpoint");
+  s.add("folder", &C::folder, "checkpoint", "Checkpoint folder under job.dump_folder");
+  s.add("interval", &C::interval, 500, "Save every this many steps").range(1.0, kNoMax);
+  s.add("last_save_model_only", &C::last_save_model_only, false,
+        "Final save holds the model only (then it cannot be resumed from)")
+      .alias("checkpoint.last_save_model_weights_only")
+      .alias("checkpoint.model_weights_only");
+  s.add("export_dtype", &C::export_dtype, "float32", "Dtype of model-only and Hugging Face exports")
+      .choices({"float32", "bfloat16", "float16"});
+  s.add("async_mode", &C::async_mode, "disabled",
+        "disabled, or async: copy to CPU and write in a background thread")
+      .choices({"disabled", "async", "async_with_pinned_mem"});
+  s.add("keep_latest_k", &C::keep_latest_k, 10, "Keep only the newest k checkpoints; 0 keeps all")
+      .range(0.0, kNoMax);
+  s.add("load_step", &C::load_step, -1, "Resume from this step; -1: the latest complete checkpoint")
+      .range(-1.0, kNoMax);
+  s.add("initial_load_path", &C::initial_load_path, "",
+        "Checkpoint to initialise from when dump_folder has none");
+  s.add("initial_load_model_only", &C::initial_load_model_only, true,
+        "Load only the model from initial_load_path")
+      .alias("checkpoint.initial_load_model_weights_only");
+  s.add("initial_load_in_hf", &C::initial_load_in_hf, false,
+        "initial_load_path is a Hugging Face safetensors folder");
+  s.add("last_save_in_hf", &C::last_save_in_hf, false,
+        "Also export the final model in Hugging Face format");
+  s.add("exclude_from_loading", &C::exclude_from_loading, Strings{},
+        "Parts not to load: model, optimizer, lr_scheduler, dataloader, train_state")
+      .choices({"model", "optimizer", "lr_scheduler", "dataloader", "train_state"});
+  s.later("initial_load_in_hf_quantized", false, "loading quantized Hugging Face weights",
+          "initial_load_path holds quantized weights: not supported yet");
+  s.later("load_only", false, "load-only runs (no saves)",
+          "Load checkpoints but never save: not supported yet");
+  s.add("create_seed_checkpoint", &C::create_seed_checkpoint, false,
+        "Initialise the model, save it as step 0 and exit (one process, checkpoint.enable)");
+}
+
+void activation_checkpoint_options(std::vector<Option>& out) {
+  using A = ActivationCheckpointSection;
+  SectionDefs<A> s("activation_checkpoint", &JobConfig::activation_checkpoint, out);
+  s.add("mode", &A::mode, "selective",
+        "Recompute in backward: none, full (every block) or selective")
+      .choices({"none", "full", "selective"});
+  s.add("selective_ac_option", &A::selective_ac_option, "2",
+        "With mode=selective: a positive integer N (recompute every Nth block), or op (save "
+        "the GEMM and attention outputs, recompute the ops between them)");
+  s.add("per_op_sac_force_recompute_mm_shapes_by_fqns",
+        &A::per_op_sac_force_recompute_mm_shapes_by_fqns, Strings{"moe.router.gate"},
+        "With selective_ac_option=op: matmuls with the weight shape of these modules are "
+        "recomputed rather than saved");
+}
+
+void compile_options(std::vector<Option>& out) {
+  SectionDefs<CompileSection> s("compile", &JobConfig::compile, out);
+  s.add("enable", &CompileSection::enable, false,
+        "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true runs "
+        "eagerly with a warning")
+      .alias("training.compile");
+  s.add("components", &CompileSection::components, Strings{"model", "loss"}, "What to capture")
+      .choices({"model", "loss"});
+}
+
+void metrics_options(std::vector<Option>& out) {
+  SectionDefs<MetricsSection> s("metrics", &JobConfig::metrics, out);
+  s.add("log_freq", &MetricsSection::log_freq, 10, "Log every this many steps").range(1.0, kNoMax);
+  s.add("enable_tensorboard", &MetricsSection::enable_tensorboard, false,
+        "Write TensorBoard event files");
+  s.add("save_tb_folder", &MetricsSection::save_tb_folder, "tb",
+        "TensorBoard folder under job.dump_folder");
+  s.add("disable_color_printing", &MetricsSection::disable_color_printing, false,
+        "Plain log lines");
+  s.add("save_for_all_ranks", &MetricsSection::save_for_all_ranks, false,
+        "Every rank writes its own metrics files");
+}
+
+void profiling_options(std::vector<Option>& out) {
+  using P = ProfilingSection;
+  SectionDefs<P> s("profiling", &JobConfig::profiling, out);
+  s.add("enable_profiling", &P::enable_profiling, false,
+        "Record Kineto traces of the train step (Chrome trace JSON, loadable in Perfetto)");
+  s.add("save_traces_folder", &P::save_traces_folder, "profile_traces",
+        "Trace folder under job.dump_folder: iteration_N/rank<R>_trace.json per window");
+  s.add("profile_freq", &P::profile_freq, 10,
+        "Profile the last profiler_active steps of every this many steps")
+      .range(1.0, kNoMax);
+  s.add("profiler_active", &P::profiler_active, 1, "Steps recorded per window").range(1.0, kNoMax);
+  s.add("profiler_warmup", &P::profiler_warmup, 3,
+        "Steps before each window with the profiler prepared but not recording")
+      .range(0.0, kNoMax);
+}
+
+void debug_options(std::vector<Option>& out) {
+  SectionDefs<DebugSection> s("debug", &JobConfig::debug, out);
+  s.add("seed", &DebugSection::seed, 0, "Seed for initialization and data order")
+      .range(0.0, kNoMax)
+      .alias("training.seed");
+  s.add("deterministic", &DebugSection::deterministic, false,
+        "Use deterministic kernels; runs with the same seed repeat exactly")
+      .alias("training.deterministic");
+  s.later("moe_force_load_balance", false, "forced round-robin expert routing",
+          "Route tokens round-robin to balance experts (a debugging aid): not supported yet");
+}
+
+void validation_options(std::vector<Option>& out) {
+  SectionDefs<ValidationSection> s("validation", &JobConfig::validation, out);
+  s.add("enable", &ValidationSection::enable, false,
+        "Evaluate on the held-out split every freq steps; the other validation keys are read "
+        "only when this is set")
+      .alias("validation.enabled");
+  s.add("dataset", &ValidationSection::dataset, "",
+        "Validation dataset; empty: the training data's held-out split");
+  s.add("dataset_path", &ValidationSection::dataset_path, Strings{},
+        "Validation data file; empty: the training data's held-out split");
+  s.add("local_batch_size", &ValidationSection::local_batch_size, 8,
+        "Sequences per validation batch")
+      .range(1.0, kNoMax);
+  s.add("seq_len", &ValidationSection::seq_len, 2048, "Tokens per validation sequence")
+      .range(1.0, kNoMax);
+  s.add("freq", &ValidationSection::freq, 10, "Validate every this many steps").range(1.0, kNoMax);
+  s.add("steps", &ValidationSection::steps, -1,
+        "Validation batches per evaluation; -1: the whole split")
+      .range(-1.0, kNoMax);
+}
+
+void comm_options(std::vector<Option>& out) {
+  SectionDefs<CommSection> s("comm", &JobConfig::comm, out);
+  s.add("init_timeout_seconds", &CommSection::init_timeout_seconds, 300,
+        "Collective timeout until the first step completes")
+      .range(1.0, kNoMax);
+  s.add("train_timeout_seconds", &CommSection::train_timeout_seconds, 100,
+        "Collective timeout after the first step: a dead or hung rank ends every rank within "
+        "this time")
+      .range(1.0, kNoMax);
+  s.later("mode", std::string("default"), "fake or local-tensor process groups (dry runs)",
+          "Process-group kind: only real ones (default)");
+}
+
+void moe_options(std::vector<Option>& out) {
+  SectionDefs<MoESection> s("moe", &JobConfig::moe, out);
+  s.add("experts_backend", &MoESection::experts_backend, "auto",
+        "Expert GEMMs: grouped_mm (SM90+ CUDA), loop, or auto (grouped_mm where it runs)")
+      .choices({"auto", "grouped_mm", "loop"});
+  s.add("load_balance_coeff", &MoESection::load_balance_coeff, 1e-3,
+        "Aux-loss-free expert-bias update speed; 0 turns balancing off")
+      .range(0.0, kNoMax);
+  s.add("seq_aux_loss_coeff", &MoESection::seq_aux_loss_coeff, 0.0,
+        "Weight of DeepSeek-V3's sequence-wise auxiliary balance loss; 0 disables")
+      .range(0.0, kNoMax);
+}
+
+std::vector<Option> build_registry() {
+  std::vector<Option> out;
+  job_options(out);
+  model_options(out);
+  optimizer_options(out);
+  lr_scheduler_options(out);
+  training_options(out);
+  parallelism_options(out);
+  checkpoint_options(out);
+  activation_checkpoint_options(out);
+  compile_options(out);
+  metrics_options(out);
+  profiling_options(out);
+  debug_options(out);
+  validation_options(out);
+  comm_options(out);
+  moe_options(out);
+  return out;
+}
+
+// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
+// loggers, Python-side tuning, and sub-settings of features that are rejected while off
+// (pipeline and context parallel details, quantization recipes). "x.*" covers x and below.
+const std::vector<std::string> kIgnored = {
+    "profiling.enable_memory_snapshot",
+    "profiling.save_memory_snapshot_folder",
+    "float8.*",
+    "mx.*",
+    "quantize.*",
+    "fault_tolerance.*",
+    "experimental.*",
+    "memory_estimation.*",
+    "job.save_config_file",
+    "job.custom_config_module",
+    "model.print_after_conversion",
+    "optimizer.early_step_in_backward",
+    "training.enable_cpu_offload",
+    "training.gc_freq",
+    "training.gc_debug",
+    "training.dataloader.*",
+    "parallelism.enable_compiled_autograd",
+    "parallelism.disable_loss_parallel",
+    "parallelism.enable_async_tensor_parallel",
+    "parallelism.pipeline_parallel_split_points",
+    "parallelism.module_fqns_per_model_part",
+    "parallelism.pipeline_parallel_first_stage_less_layers",
+    "parallelism.pipeline_parallel_last_stage_less_layers",
+    "parallelism.pipeline_parallel_layers_per_stage",
+    "parallelism.pipeline_parallel_schedule",
+    "parallelism.pipeline_parallel_schedule_csv",
+    "parallelism.pipeline_parallel_microbatch_size",
+    "parallelism.pipeline_parallel_expert_parallel_overlap",
+    "parallelism.context_parallel_load_balancer",
+    "parallelism.context_parallel_rotate_method",
+    "parallelism.expert_parallel_comm_backend",
+    "checkpoint.enable_first_step_checkpoint",
+    "checkpoint.enable_ft_dataloader_checkpoints",
+    "activation_checkpoint.early_stop",
+    "activation_checkpoint.memory_budget",
+    "activation_checkpoint.visualize_memory_budget_pareto",
+    "activation_checkpoint.preserve_rng_state",
+    "activation_checkpoint.determinism_check",
+    "activation_checkpoint.debug",
+    "compile.backend",
+    "metrics.enable_wandb",
+    "comm.trace_buf_size",
+    "comm.save_traces_folder",
+    "comm.save_traces_file_prefix",
+    "debug.deterministic_warn_only",
+    "validation.dataloader.*",
+};
+
+}  // namespace
+
+const std::vector<Option>& registry() {
+  static const std::vector<Option> r = build_registry();
+  return r;
+}
+
+const std::vector<std::string>& ignored_torchtitan_keys() {
+  return kIgnored;
+}
+
+}  // namespace titan

@@ -1,0 +1,39 @@
+#include "core/telemetry/cuda_info.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+namespace titan {
+
+CudaDeviceInfo cuda_device_info(int device) {
+  CudaDeviceInfo info;
+  if (!at::hasCUDA()) return info;
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(device);
+  info.available = true;
+  info.name = p->name;
+  info.major = p->major;
+  info.minor = p->minor;
+  info.total_memory = static_cast<int64_t>(p->totalGlobalMem);
+  return info;
+}
+
+void cuda_set_device(int device) {
+  if (at::hasCUDA()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+}
+
+MemoryStats cuda_memory_stats(int device) {
+  if (!at::hasCUDA()) return {};
+  auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  const auto& a = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {a.current, a.peak};
+}
+
+void cuda_reset_memory_peak(int device) {
+  if (at::hasCUDA())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+}  // namespace titan

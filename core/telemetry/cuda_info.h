@@ -1,0 +1,28 @@
+// CUDA device facts for logging and metrics, callable from CPU-only builds and machines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/telemetry/memory_stats.h"
+
+namespace titan {
+
+struct CudaDeviceInfo {
+  bool available = false;
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  int64_t total_memory = 0;  // bytes
+};
+
+CudaDeviceInfo cuda_device_info(int device);
+// Makes `device` the current CUDA device of this thread (no-op without CUDA). Called first
+// at start-up with LOCAL_RANK, so NCCL and every op that uses "the current device" land on
+// this rank's GPU rather than GPU 0.
+void cuda_set_device(int device);
+// Bytes allocated by the caching allocator on `device`, now and at the peak since start or
+// the last reset (zeros without CUDA).
+MemoryStats cuda_memory_stats(int device);
+void cuda_reset_memory_peak(int device);
+
+}  // namespace titan

@@ -1,0 +1,196 @@
+#include "core/train/model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
+
+#include <cmath>
+
+#include "core/base/counter_rng.h"
+#include "core/train/functional.h"
+#include "core/kernels/fused_loss.h"
+
+namespace titan {
+
+namespace {
+thread_local bool g_defer_params = false;
+}  // namespace
+
+DeferParams::DeferParams(bool on) : prev_(g_defer_params) {
+  g_defer_params = on;
+}
+DeferParams::~DeferParams() {
+  g_defer_params = prev_;
+}
+bool DeferParams::active() {
+  return g_defer_params;
+}
+
+int64_t ParamStore::add(const std::string& name, std::vector<int64_t> shape, at::Device device,
+                        bool weight_decay, InitSpec init, ParamKind kind) {
+  TORCH_CHECK(index_of(name) < 0, "duplicate parameter ", name);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(g_defer_params ? at::kMeta : device);
+  Param p{name, at::empty(shape, opts).requires_grad_(true), weight_decay, init, kind};
+  p.device = device;
+  params_.push_back(std::move(p));
+  return size() - 1;
+}
+
+void ParamStore::assign(int64_t i, const at::Tensor& full) {
+  at::NoGradGuard ng;
+  Param& p = params_[static_cast<size_t>(i)];
+  TORCH_CHECK(full.sizes().vec() == p.full_shape(), "assign: ", p.name, " has another shape");
+  TORCH_CHECK(!p.value.is_meta(), "assign: ", p.name, " is not materialized");
+  if (!p.sharded()) {
+    p.value.copy_(full);
+  } else if (p.dim0_rows > 0) {
+    p.value.narrow(0, 0, p.dim0_rows).copy_(full.narrow(0, p.dim0_offset, p.dim0_rows));
+  }
+}
+
+// Each parameter draws from its own counter-based stream (core/base/counter_rng.h), and only
+// the rows this rank holds: the cost per rank is its shard, and the values of a row do not
+// depend on the layout. Drawn on the CPU (scalar code, so bit-identical for any shard
+// boundary) one parameter at a time, then copied to the parameter's device.
+void ParamStore::initialize(uint64_t seed) {
+  at::NoGradGuard ng;
+  for (Param& p : params_) {
+    if (p.value.is_meta()) continue;  // shapes only (titan-train estimate): nothing to draw
+    const InitSpec& s = p.init;
+    if (s.kind == InitSpec::Kind::Zeros || s.kind == InitSpec::Kind::Ones) {
+      // No draws: fill only the valid rows (padding rows of a shard stay zero).
+      p.valid(p.value).fill_(s.kind == InitSpec::Kind::Ones ? 1.0 : 0.0);
+      continue;
+    }
+    at::Tensor dst = p.valid(p.value);
+    const std::vector<int64_t> full = p.full_shape();
+    const int64_t row_numel =
+        full.size() <= 1 ? 1 : c10::multiply_integers(full.begin() + 1, full.end());
+    const int64_t first = (p.sharded() ? p.dim0_offset : 0) * row_numel;
+    at::Tensor cpu = at::empty(dst.sizes(), at::kFloat);
+    const uint64_t key = param_stream_key(seed, p.name);
+    if (s.kind == InitSpec::Kind::Normal)
+      counter_normal_(cpu, key, first, s.std);
+    else
+      counter_trunc_normal_(cpu, key, first, s.std, s.lo, s.hi);
+    dst.copy_(cpu);
+  }
+}
+
+int64_t ParamStore::index_of(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+int64_t ParamStore::numel() const {
+  int64_t n = 0;
+  for (auto& p : params_) n += p.value.numel();
+  return n;
+}
+
+std::vector<at::Tensor> ParamStore::tensors() const {
+  std::vector<at::Tensor> t;
+  for (auto& p : params_) t.push_back(p.value);
+  return t;
+}
+
+void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen) {
+  // Sample U in [cdf(a), cdf(b)] and map through the inverse normal CDF.
+  auto cdf = [](double x) { return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))); };
+  const double lo = cdf((a - mean) / std), hi = cdf((b - mean) / std);
+  at::NoGradGuard ng;
+  t.uniform_(2 * lo - 1, 2 * hi - 1, gen);
+  t.erfinv_();
+  t.mul_(std * std::sqrt(2.0)).add_(mean);
+  t.clamp_(a, b);
+}
+
+void Model::init_weights(uint64_t seed) {
+  params_.initialize(seed);
+  reset_state();
+}
+
+at::Tensor Model::weight(int64_t i) const {
+  if (weight_fn_) return weight_fn_(i);
+  const at::Tensor& p = params_[i].value;
+  if (p.scalar_type() == compute_dtype_) return p;
+  if (!at::GradMode::is_enabled()) return p.to(compute_dtype_);
+  // One cast per optimizer step, not per micro-batch: the cast is kept with the master's
+  // version counter, which the optimizer's in-place update (or a load) bumps. Every
+  // micro-batch's backward flows through the same cast node (it saves no tensor, so that is
+  // allowed) into the master's gradient.
+  if (cast_cache_.size() < static_cast<size_t>(params_.size()))
+    cast_cache_.resize(static_cast<size_t>(params_.size()));
+  auto& c = cast_cache_[static_cast<size_t>(i)];
+  if (!c.master.is_same(p) || c.version != p._version() ||
+      c.cast.scalar_type() != compute_dtype_) {
+    c.cast = p.to(compute_dtype_);
+    c.master = p;
+    c.version = p._version();
+  }
+  return c.cast;
+}
+
+at::Tensor Model::forward(const at::Tensor& tokens) {
+  Head o = forward_head(tokens);
+  return at::linear(o.h, o.w);  // (B, T, V)
+}
+
+at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
+  Head o = forward_head(tokens);
+  if (!fused_loss_) return titan::token_loss_sum(at::linear(o.h, o.w), labels);
+  return fused_linear_cross_entropy(o.h, o.w, labels);
+}
+
+void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
+  block_params_.push_back(std::move(params));
+  block_fns_.push_back(std::move(fn));
+}
+
+at::Tensor Model::run_blocks(at::Tensor h) const {
+  for (size_t l = 0; l < block_fns_.size(); ++l) {
+    std::vector<at::Tensor> w;
+    for (int64_t i : block_params_[l]) w.push_back(weight(i));
+    const int64_t li = static_cast<int64_t>(l);
+    if (op_policy_)
+      h = checkpoint_block_ops(block_fns_[l], h, w, *op_policy_);
+    else
+      h = recompute_block(li) ? checkpoint_block(block_fns_[l], h, w) : block_fns_[l](h, w);
+    h = block_done(li, h);
+  }
+  return h;
+}
+
+std::vector<ParamUnit> Model::param_units() const {
+  std::vector<int64_t> block_of(static_cast<size_t>(params_.size()), -1);
+  int64_t first_block_param = params_.size();
+  for (size_t l = 0; l < block_params_.size(); ++l)
+    for (int64_t i : block_params_[l]) {
+      block_of[static_cast<size_t>(i)] = static_cast<int64_t>(l);
+      first_block_param = std::min(first_block_param, i);
+    }
+  std::vector<ParamUnit> units;
+  ParamUnit emb{"tok_embeddings", -1, {}}, head{"head", -1, {}};
+  for (int64_t i = 0; i < params_.size(); ++i)
+    if (block_of[static_cast<size_t>(i)] < 0) (i < first_block_param ? emb : head).params.push_back(i);
+  if (!emb.params.empty()) units.push_back(emb);
+  for (size_t l = 0; l < block_params_.size(); ++l)
+    units.push_back({"layers." + std::to_string(l), static_cast<int64_t>(l), block_params_[l]});
+  if (!head.params.empty()) units.push_back(head);
+  return units;
+}
+
+ModelInfo Model::base_info(const std::string& name, int64_t vocab_size, int64_t max_seq_len,
+                           int64_t dim, int64_t n_layers) const {
+  ModelInfo info;
+  info.name = name;
+  info.vocab_size = vocab_size;
+  info.max_seq_len = max_seq_len;
+  info.dim = dim;
+  info.n_layers = n_layers;
+  info.n_params = params_.numel();
+  info.n_params_embedding = vocab_size * dim;
+  return info;
+}
+
+}  // namespace titan

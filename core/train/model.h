@@ -1,0 +1,244 @@
+// The model interface the trainer drives, and the parameter store every model owns.
+//
+// Parameters live in a flat, named ParamStore (fp32 master copies). Model code never holds
+// a weight directly: it asks `weight(i)` for the compute form of parameter i. That one call
+// is where mixed precision (a differentiable cast to bf16) and, under FSDP, the all-gather of
+// a sharded parameter happen, so parallelism and precision change how a full weight is
+// materialized, not the model code (docs/design.md).
+//
+// This interface is what parallel/ sees of a model: the parameters with their kind (dense or
+// expert), the units they are gathered in (embeddings, one per block, head), and the hooks
+// FSDP installs. parallel/ never parses parameter names.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/train/expert_exchange.h"
+#include "core/train/recompute.h"
+
+namespace titan {
+
+// How a parameter is initialized (torchtitan's schemes). Normal draws are N(0, std); the
+// truncated normal is clipped to the absolute bounds [lo, hi] (torch.nn.init.trunc_normal_).
+struct InitSpec {
+  enum class Kind { Zeros, Ones, Normal, TruncNormal };
+  Kind kind = Kind::Zeros;
+  double std = 0, lo = -2.0, hi = 2.0;
+  static InitSpec zeros() { return {Kind::Zeros}; }
+  static InitSpec ones() { return {Kind::Ones}; }
+  static InitSpec normal(double std) { return {Kind::Normal, std}; }
+  static InitSpec trunc_normal(double std, double lo = -2.0, double hi = 2.0) {
+    return {Kind::TruncNormal, std, lo, hi};
+  }
+};
+
+// Dense parameters are replicated or sharded over the data-parallel ranks; expert
+// parameters have the routed experts on dim 0, which expert parallelism splits first.
+enum class ParamKind { Dense, Expert };
+
+struct Param {
+  std::string name;   // torchtitan's fully qualified name, e.g. "layers.0.attention.wq.weight"
+  at::Tensor value;   // fp32 master copy, requires_grad (meta while deferred, see DeferParams)
+  bool weight_decay;  // matrices decay; norms, embeddings and biases do not
+  InitSpec init;
+  ParamKind kind = ParamKind::Dense;
+  at::Device device = at::kCPU;  // where the value lives (or will, once materialized)
+  // Sharding (parallel/fsdp.h). Unsharded: global_shape is empty and value is the whole
+  // tensor. Sharded: value holds global rows [dim0_offset, dim0_offset + dim0_rows) of a
+  // tensor of global_shape, followed by zero padding rows that are never saved.
+  std::vector<int64_t> global_shape;
+  int64_t dim0_offset = 0;
+  int64_t dim0_rows = -1;
+  bool sharded() const { return !global_shape.empty(); }
+  bool expert() const { return kind == ParamKind::Expert; }
+  // The rows of value that hold real data (all of it when unsharded).
+  at::Tensor valid(const at::Tensor& t) const { return sharded() ? t.narrow(0, 0, dim0_rows) : t; }
+  std::vector<int64_t> full_shape() const { return sharded() ? global_shape : value.sizes().vec(); }
+};
+
+// While alive on this thread, ParamStore::add leaves parameters unallocated (meta tensors,
+// Param::device says where they belong), so a sharding step can allocate only its rows
+// before init_weights runs (parallel/fsdp.h).
+class DeferParams {
+ public:
+  explicit DeferParams(bool on);
+  ~DeferParams();
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
+class ParamStore {
+ public:
+  // Registers a parameter of `shape` (fp32 on `device`) and returns its index. Its name
+  // keys its initialization stream (ParamStore::initialize).
+  int64_t add(const std::string& name, std::vector<int64_t> shape, at::Device device,
+              bool weight_decay, InitSpec init, ParamKind kind = ParamKind::Dense);
+  const std::vector<Param>& all() const { return params_; }
+  std::vector<Param>& all() { return params_; }
+  const Param& operator[](int64_t i) const { return params_[static_cast<size_t>(i)]; }
+  int64_t size() const { return static_cast<int64_t>(params_.size()); }
+  int64_t index_of(const std::string& name) const;  // -1 when absent
+  // Writes a whole-tensor value (full shape) into parameter i: all of it, or only this
+  // rank's rows when the parameter is sharded.
+  void assign(int64_t i, const at::Tensor& full);
+  // Draws this rank's rows of every parameter from its InitSpec on the stream keyed by (seed,
+  // name) (core/base/counter_rng.h): bit-identical values for every device, rank and layout.
+  void initialize(uint64_t seed);
+  int64_t numel() const;
+  std::vector<at::Tensor> tensors() const;
+
+ private:
+  std::vector<Param> params_;
+};
+
+// In-place truncated normal on a CPU fp32 tensor: N(mean, std) clipped to [a, b] by
+// inverse-CDF sampling from `gen`.
+void trunc_normal_(at::Tensor& t, double mean, double std, double a, double b, at::Generator& gen);
+
+// How a full weight is materialized for compute. The default returns the parameter, cast
+// to the compute dtype when that differs (the cast is recorded by autograd, so gradients
+// reach the fp32 master copy).
+using WeightFn = std::function<at::Tensor(int64_t index)>;
+
+// Parameters gathered and reduced together by FSDP, in forward order: the embeddings, one
+// unit per transformer block, then the head (final norm and output).
+struct ParamUnit {
+  std::string name;    // "tok_embeddings", "layers.<l>", "head"
+  int64_t block = -1;  // the transformer block, or -1 for the embeddings and the head
+  std::vector<int64_t> params;
+};
+
+struct ModelInfo {
+  std::string name;  // "llama3", ...
+  std::string flavor;
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_params = 0;                // every parameter
+  int64_t n_params_embedding = 0;      // token embedding table
+  int64_t n_active_non_embedding = 0;  // non-embedding parameters a token touches (MoE: top-k)
+  int64_t attn_flops_dims = 0;         // n_layers * n_heads * (qk_head_dim + v_head_dim)
+
+  // 6 * N_active_non_embedding + 6 * layers * heads * (qk + v head dims) * seq_len.
+  int64_t flops_per_token(int64_t seq_len) const {
+    return 6 * n_active_non_embedding + 6 * attn_flops_dims * seq_len;
+  }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype.
+  at::Tensor forward(const at::Tensor& tokens);
+  // The training and validation loss: the sum over tokens of the fp32 cross-entropy of the
+  // logits against labels (B, T) (label -100 ignored), as a 0-d fp32 tensor. By default the
+  // output projection and the loss run fused and chunked over tokens (core/kernels/fused_loss.h), so
+  // the (B, T, vocab) logits never exist; the same numbers as
+  // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding.
+  at::Tensor token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels);
+  // false: token_loss_sum materializes the logits (the reference path, for tests/benchmarks).
+  void set_fused_loss(bool on) { fused_loss_ = on; }
+  bool fused_loss() const { return fused_loss_; }
+  virtual const ModelInfo& info() const = 0;
+  // Re-initializes every parameter from `seed` (torchtitan's scheme, docs/models.md) and
+  // resets the training state buffers.
+  void init_weights(uint64_t seed);
+
+  // Extra loss terms (e.g. MoE auxiliary balance loss) accumulated by the last forward.
+  virtual at::Tensor aux_loss() { return at::Tensor(); }
+  // Called once per optimizer step, after the optimizer (MoE expert-bias update).
+  virtual void after_optimizer_step() {}
+  // Named training state that is not a parameter (MoE expert biases, token counts), saved
+  // with checkpoints. The tensors are the live ones: loading copies into them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> buffers() { return {}; }
+  // Extra per-log-step metrics (MoE load statistics). May read device values: it is only
+  // called on log steps.
+  virtual std::map<std::string, double> extra_metrics() { return {}; }
+  // Routed experts per MoE layer; 0 for a dense model.
+  virtual int64_t num_experts() const { return 0; }
+  // Expert parallelism: the MoE layers send their routed rows through `ex` (parallel/).
+  virtual void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { (void)ex; }
+
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  // The FSDP units, in forward order (the embeddings unit holds the parameters registered
+  // before the first block, the head those after the last).
+  std::vector<ParamUnit> param_units() const;
+
+  void set_weight_fn(WeightFn fn) { weight_fn_ = std::move(fn); }
+  // Called with each transformer block's output right after the block's forward (FSDP
+  // frees the block's gathered weights there). Default: identity.
+  void set_block_done_fn(std::function<at::Tensor(int64_t block, const at::Tensor& out)> fn) {
+    block_done_ = std::move(fn);
+  }
+  void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Activation checkpointing: recompute block i in backward when recompute_block(i).
+  void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
+  // Op-level selective checkpointing of every block (core/train/recompute.h); replaces the
+  // block policy above.
+  void set_op_checkpointing(const OpCheckpointPolicy& p) {
+    op_policy_ = std::make_unique<OpCheckpointPolicy>(p);
+  }
+  // Sums a tensor over the data-parallel ranks in place (MoE token counts). Default: one rank.
+  void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
+
+ protected:
+  // What forward computes before the output projection: the final normed hidden state
+  // h (B, T, D) and the output weight W (V, D) (the embedding table when tied), both in
+  // compute form. The logits are h W^T.
+  struct Head {
+    at::Tensor h, w;
+  };
+  virtual Head forward_head(const at::Tensor& tokens) = 0;
+  // Zeroes the training-state buffers (MoE expert biases and counts).
+  virtual void reset_state() {}
+  at::Tensor weight(int64_t i) const;
+  bool recompute_block(int64_t i) const { return op_policy_ || (recompute_ && recompute_(i)); }
+  at::Tensor block_done(int64_t i, const at::Tensor& out) const {
+    return block_done_ ? block_done_(i, out) : out;
+  }
+  // Registers the next transformer block: the store indices of its weights, in the order
+  // `fn` takes their compute forms.
+  void add_block(std::vector<int64_t> params, BlockFn fn);
+  // Runs the blocks in order on h, the same way for every family: each block's weights are
+  // materialized with weight(), the block is recomputed in backward when the activation
+  // checkpointing policy says so, and block_done() sees its output.
+  at::Tensor run_blocks(at::Tensor h) const;
+  // The ModelInfo fields every family fills the same way (the parameter counts come from
+  // the store); the family adds n_active_non_embedding and attn_flops_dims.
+  ModelInfo base_info(const std::string& name, int64_t vocab_size, int64_t max_seq_len, int64_t dim,
+                      int64_t n_layers) const;
+
+  ParamStore params_;
+  WeightFn weight_fn_;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  std::function<bool(int64_t)> recompute_;
+  std::function<void(at::Tensor&)> dp_allreduce_;
+  std::function<at::Tensor(int64_t, const at::Tensor&)> block_done_;
+  bool fused_loss_ = true;
+  // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
+  struct CachedCast {
+    at::Tensor cast, master;  // master: the parameter tensor it was cast from
+    int64_t version = -1;
+  };
+  mutable std::vector<CachedCast> cast_cache_;
+
+ private:
+  std::vector<std::vector<int64_t>> block_params_;
+  std::vector<BlockFn> block_fns_;  // must outlive backward (checkpoint_block keeps &fn)
+  std::unique_ptr<OpCheckpointPolicy> op_policy_;  // likewise kept by address in backward
+};
+
+}  // namespace titan

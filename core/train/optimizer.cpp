@@ -1,0 +1,132 @@
+#include "core/train/optimizer.h"
+
+#include <cmath>
+
+namespace titan {
+
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg)
+    : params_(std::move(params)), cfg_(cfg) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    steps_.push_back(at::zeros({}, params_[i].options().dtype(at::kFloat)));
+    (decay[i] ? decay_idx_ : no_decay_idx_).push_back(i);
+  }
+  // The CPU kernel reads the tensor as a double, so the update equals the double-lr overload
+  // bit for bit; the CUDA kernel reads fp32 from device memory.
+  const at::TensorOptions o = params_.empty() ? at::TensorOptions() : params_[0].options();
+  lr_ = at::zeros({}, o.dtype(o.device().is_cpu() ? at::kDouble : at::kFloat));
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard ng;
+  lr_.fill_(lr);  // a host-to-device write of a scalar, never a read
+  step_group(decay_idx_, lr, cfg_.weight_decay);
+  step_group(no_decay_idx_, lr, 0.0);
+}
+
+void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
+  std::vector<at::Tensor> p, g, m, v, s;
+  for (size_t i : idx) {
+    if (!params_[i].grad().defined()) continue;
+    p.push_back(params_[i]);
+    g.push_back(params_[i].grad());
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    s.push_back(steps_[i]);
+  }
+  if (p.empty()) return;
+  at::_foreach_add_(s, 1.0);
+  if (cfg_.implementation == "fused") {
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr_, cfg_.beta1, cfg_.beta2, wd,
+                      cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  } else if (cfg_.implementation == "foreach") {
+    foreach_step(p, g, m, v, s, lr, wd);
+  } else {
+    loop_step(p, g, m, v, s, lr, wd);
+  }
+}
+
+void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                         std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                         std::vector<at::Tensor>& s, double lr, double wd) const {
+  // Multi-tensor kernels with the bias corrections on the device (no host read of the step):
+  // p = p (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+  at::_foreach_mul_(p, 1.0 - lr * wd);
+  at::_foreach_lerp_(m, g, 1.0 - cfg_.beta1);
+  at::_foreach_mul_(v, cfg_.beta2);
+  at::_foreach_addcmul_(v, g, g, 1.0 - cfg_.beta2);
+  auto bc1 = at::_foreach_pow(cfg_.beta1, s);  // beta1^t, then 1 - beta1^t
+  at::_foreach_neg_(bc1);
+  at::_foreach_add_(bc1, 1.0);
+  auto bc2 = at::_foreach_pow(cfg_.beta2, s);
+  at::_foreach_neg_(bc2);
+  at::_foreach_add_(bc2, 1.0);
+  at::_foreach_sqrt_(bc2);
+  auto step = at::_foreach_div(bc1, lr);  // -lr / bc1 after the two in-place ops
+  at::_foreach_reciprocal_(step);
+  at::_foreach_neg_(step);
+  auto denom = at::_foreach_sqrt(v);
+  at::_foreach_div_(denom, bc2);
+  at::_foreach_add_(denom, cfg_.eps);
+  at::_foreach_div_(denom, step);  // m / (denom / step) = step * m / denom
+  at::_foreach_addcdiv_(p, m, denom);
+}
+
+void AdamW::loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
+                      std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                      std::vector<at::Tensor>& s, double lr, double wd) const {
+  // The textbook update, one parameter at a time, reading the step on the host: a reference
+  // for checking the other two, not for speed.
+  for (size_t j = 0; j < p.size(); ++j) {
+    const double t = s[j].item<double>();
+    p[j].mul_(1.0 - lr * wd);
+    m[j].lerp_(g[j], 1.0 - cfg_.beta1);
+    v[j].mul_(cfg_.beta2).addcmul_(g[j], g[j], 1.0 - cfg_.beta2);
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, t);
+    const double bc2 = 1.0 - std::pow(cfg_.beta2, t);
+    at::Tensor denom = (v[j].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+    p[j].addcdiv_(m[j], denom, -lr / bc1);
+  }
+}
+
+void AdamW::zero_grad() {
+  // In place (torch's zero_grad(set_to_none=False)): the next backward accumulates into the
+  // same storage, 0 + g = g exactly, so the losses do not change; the gradients stay
+  // allocated through the next forward (docs/training.md weighs that memory).
+  std::vector<at::Tensor> grads;
+  for (auto& p : params_)
+    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  if (!grads.empty()) at::_foreach_zero_(grads);
+}
+
+at::Tensor grad_norm_sq(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty())
+    return at::zeros({}, params.empty() ? at::TensorOptions() : params[0].options());
+  // CPU kernels accumulate fp32 norms with a relative error near 1e-4 on embedding-sized
+  // tensors, which would make the same gradients report different norms under different
+  // shardings; fp64 accumulation there. CUDA's tree reductions are accurate in fp32.
+  const bool cpu = grads[0].is_cpu();
+  auto norms =
+      at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble) : std::nullopt);
+  at::Tensor n = at::stack(norms);
+  return (cpu ? n.pow(2).sum() : n.to(at::kFloat).pow(2).sum()).to(at::kFloat);
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                          const at::Tensor& total_norm) {
+  if (max_norm > 0) {
+    std::vector<at::Tensor> grads;
+    for (auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    // coef = min(1, max_norm / (norm + 1e-6)), kept on the device.
+    at::Tensor coef = at::clamp_max(max_norm / (total_norm + 1e-6), 1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  return total_norm;
+}
+
+}  // namespace titan
