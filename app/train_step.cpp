@@ -66,6 +66,7 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
     r.grad_norm = at::sqrt(norm_sq);
     clip_grad_norm(params, o.max_norm, r.grad_norm);
     opt.step(o.lr);
+    model.weights_updated();  // the fused kernel bumps no version counter
     opt.zero_grad();
     model.after_optimizer_step();
   }

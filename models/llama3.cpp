@@ -74,7 +74,11 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
   auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
     return params_.add(name, std::move(shape), device, decay, init);
   };
-  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
+  // torchtitan's N(0, 1) table, except when it is also the output projection (1B, 3B): then
+  // it takes the output's init, or the first logits have std sqrt(dim) (a first loss of ~1800
+  // instead of ~12 on the 1B flavor).
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false,
+               a.tie_embeddings ? llama_output_init(a.dim) : InitSpec::normal(1.0));
   for (int64_t l = 0; l < a.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     const InitSpec in = InitSpec::trunc_normal(0.02);

@@ -129,6 +129,26 @@ TEST_CASE("step: MoE steps read only the loop backend's counts", "[step][moe]") 
   }
 }
 
+// On CUDA the step computes in bf16 from casts of the fp32 masters, kept from one optimizer
+// step to the next. at::_fused_adamw_ bumps no version counter, so only train_step's
+// weights_updated() refreshes them: without it every forward saw the initial weights (the
+// first GPU run's flat losses). Here the same path on the CPU: the same batch, three steps,
+// and the loss must fall (it was bitwise constant before the fix).
+TEST_CASE("step: bf16 compute casts follow every optimizer step", "[step]") {
+  for (const char* name : {"llama3", "deepseek_v3"}) {
+    INFO(name);
+    Setup s = make_setup(name);
+    s.model->set_compute_dtype(at::kBFloat16);
+    s.o.lr = 1e-2;
+    std::vector<double> loss;
+    for (int i = 0; i < 3; ++i)
+      loss.push_back(train_step(*s.model, *s.opt, s.micro, s.o).loss.item<double>());
+    INFO("losses " << loss[0] << " " << loss[1] << " " << loss[2]);
+    CHECK(loss[1] < loss[0]);
+    CHECK(loss[2] < loss[1]);
+  }
+}
+
 TEST_CASE("step: lr tensor, in-place gradients and persistent inputs", "[step]") {
   Setup s = make_setup("llama3");
   StepInputs inputs;
