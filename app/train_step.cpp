@@ -5,15 +5,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/base/timing.h"
 #include "core/train/functional.h"
 
 namespace titan {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // The step's one named host read, on logging steps only (StepOptions::time_phases): waits
 // for the device so the phase times are true. scripts/check_host_reads.py lists it.
