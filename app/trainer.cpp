@@ -13,6 +13,7 @@
 #include "core/base/errors.h"
 #include "core/train/functional.h"
 #include "core/base/log.h"
+#include "core/base/timing.h"
 #include "models/hf_interop.h"
 #include "models/registry.h"
 #include "parallel/expert_parallel.h"
@@ -20,8 +21,9 @@
 namespace titan {
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+// The dtype gradients are summed in across data-parallel ranks (DDP and FSDP alike).
+at::ScalarType reduce_dtype(const JobConfig& cfg) {
+  return cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
 }
 
 std::string human(int64_t n) {
@@ -243,8 +245,7 @@ void Trainer::parallelize() {
   if (fsdp_) {
     FsdpOptions fo;
     fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = reduce_dtype(cfg_);
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
     if (!comm_overlap()) {
       fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
@@ -257,10 +258,8 @@ void Trainer::parallelize() {
       model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
   } else if (pg_) {
-    const at::ScalarType reduce =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce, 25 << 20,
-                                          comm_overlap());
+    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce_dtype(cfg_),
+                                          25 << 20, comm_overlap());
     grad_sync_ = ddp_.get();
   }
   if (pg_) {

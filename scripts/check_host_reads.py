@@ -32,12 +32,16 @@ HOT_PATH = [
     "core/train/functional.*", "core/kernels/ops*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
     "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
     "app/train_step.*",
-    "parallel/ddp.*", "parallel/fsdp.*", "parallel/expert_parallel.*",
+    "parallel/ddp.*", "parallel/fsdp.*", "parallel/flat_grad_allreduce.*",
+    "parallel/expert_parallel.*",
 ]
 # In a hot-path folder but outside the step.
 NOT_HOT = {
     "models/hf_interop.cpp": "Hugging Face import and export",
     "models/hf_interop.h": "Hugging Face import and export",
+    "models/hf_interop_detail.h": "Hugging Face import and export",
+    "models/hf_llama3.cpp": "Hugging Face import and export",
+    "models/hf_deepseek_v3.cpp": "Hugging Face import and export",
     "models/registry.cpp": "model construction",
     "models/registry.h": "model construction",
 }
