@@ -34,11 +34,9 @@ namespace {
 
 const std::string kSmall =
     "--config configs/llama3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
-    "--validation.enable false --metrics.enable_tensorboard false ";
+    "--validation.enable false --metrics.enable_tensorboard false --training.device cpu ";
 
-std::string torchrun() {
-  return test::cache_dir() + "/venv/bin/torchrun";
-}
+using test::torchrun;
 
 // A port per test process, so parallel ctest runs do not collide.
 int free_port(int offset) {
@@ -789,7 +787,7 @@ TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep
   const std::string common =
       "--training.seq_len 64 --metrics.log_freq 1 --validation.enable false "
       "--metrics.enable_tensorboard false --training.steps 3 --debug.seed 3 "
-      "--training.local_batch_size 1 ";
+      "--training.local_batch_size 1 --training.device cpu ";
   for (std::string model : {"deepseek_v3", "llama4"}) {
     const std::string cfg = "--config configs/" + model + "_debug.toml " +
                             (model == "deepseek_v3" ? "--activation_checkpoint.mode full " : "");
@@ -825,6 +823,7 @@ TEST_CASE("a static exchange at capacity factor 0.25 reports drops and trains on
                              "--metrics.enable_tensorboard false --training.steps 3 "
                              "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
                              "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 "
+                             "--training.device cpu "
                              "--job.dump_folder " + dir.path.string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
