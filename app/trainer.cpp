@@ -220,6 +220,16 @@ static bool comm_overlap() {
   return v == nullptr || std::string(v) != "0";
 }
 
+EpExchangeOptions Trainer::ep_options() const {
+  EpExchangeOptions o;
+  // auto: static under capture (it needs fixed shapes and no host read), exact otherwise
+  // (no drops and no worst-case buffer: docs/moe.md).
+  const std::string& x = cfg_.moe.ep_exchange;
+  o.fixed = x == "static" || (x == "auto" && cfg_.compile.enable);
+  o.capacity_factor = cfg_.moe.ep_capacity_factor;
+  return o;
+}
+
 void Trainer::parallelize() {
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
@@ -234,12 +244,12 @@ void Trainer::parallelize() {
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
                       std::to_string(d_.dp_shard));
-    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group));
+    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group, ep_options()));
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {
     // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
     // collectives can be checked on a single GPU (scripts/gpu_check.sh).
-    model_->set_expert_exchange(make_expert_exchange(*mesh_->world));
+    model_->set_expert_exchange(make_expert_exchange(*mesh_->world, ep_options()));
     log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
   }
   if (fsdp_) {

@@ -404,6 +404,10 @@ void validate_config(const JobConfig& cfg) {
     throw UserError(
         "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
         "allowed: llama3, deepseek_v3");
+  if (!(cfg.moe.ep_capacity_factor > 0))
+    throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
+                    " is not allowed; allowed: a factor > 0 (e.g. 1.25), or inf (the default: "
+                    "the no-drop worst case)");
   if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
     throw UserError(
         "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "
