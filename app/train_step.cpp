@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 
 namespace titan {
@@ -18,6 +19,7 @@ double ms_since(Clock::time_point t) {
 // The step's one named host read, on logging steps only (StepOptions::time_phases): waits
 // for the device so the phase times are true. scripts/check_host_reads.py lists it.
 void wait_for_device(const at::Tensor& t) {
+  TITAN_HOST_READ_SCOPE();
   if (!t.is_cpu()) (void)t.cpu();
 }
 
@@ -45,47 +47,63 @@ const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& 
   return bufs_;
 }
 
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                      const StepOptions& o, GradSync* grad_sync) {
-  const auto t0 = Clock::now();
+at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
+                            const StepOptions& o, GradSync* grad_sync) {
+  RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
   // The auxiliary loss of a micro-batch is a mean over its sequences; the step's is the
   // mean over all sequences of every rank, and the ranks' gradients are summed.
   const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
   at::Tensor total;
-  {
-    RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
-    for (size_t k = 0; k < micro.size(); ++k) {
-      const MicroBatch& mb = micro[k];
-      if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
-      // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
-      at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
-      at::Tensor aux = model.aux_loss();
-      at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
-      objective.backward();
-      total = total.defined() ? total + loss.detach() : loss.detach();
-    }
-    if (o.time_phases) wait_for_device(total);
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const MicroBatch& mb = micro[k];
+    if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
+    // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
+    at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
+    at::Tensor aux = model.aux_loss();
+    at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
+    objective.backward();
+    total = total.defined() ? total + loss.detach() : loss.detach();
   }
+  return total;
+}
+
+void reduce_gradients(Model& model, GradSync* grad_sync) {
+  if (!grad_sync) return;
+  RECORD_USER_SCOPE("titan::reduce_gradients");
+  auto params = model.params().tensors();
+  grad_sync->reduce_gradients(params);
+}
+
+at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* grad_sync) {
+  RECORD_USER_SCOPE("titan::optimizer");
+  auto params = model.params().tensors();
+  at::Tensor norm_sq = grad_norm_sq(params);
+  // After the gradient all-reduce every rank holds the same full gradient, so the local norm
+  // already is the global one under pure replication; the hook exists for sharded layouts.
+  if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
+  at::Tensor norm = at::sqrt(norm_sq);
+  clip_grad_norm(params, o.max_norm, norm);
+  opt.step();  // reads the lr written by set_lr before the step
+  opt.zero_grad();
+  model.after_optimizer_step();
+  return norm;
+}
+
+StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+                      const StepOptions& o, GradSync* grad_sync) {
+  // The lr reaches the optimizer as a device tensor written here, before the step's work, as
+  // a captured step writes it before each replay.
+  opt.set_lr(o.lr);
+  const auto t0 = Clock::now();
   StepResult r;
+  r.loss = forward_backward(model, micro, o, grad_sync);
+  if (o.time_phases) wait_for_device(r.loss);
   r.fwdbwd_ms = ms_since(t0);
   const auto t1 = Clock::now();
-  {
-    RECORD_USER_SCOPE("titan::optimizer");
-    auto params = model.params().tensors();
-    if (grad_sync) grad_sync->reduce_gradients(params);
-    at::Tensor norm_sq = grad_norm_sq(params);
-    // After the gradient all-reduce every rank holds the same full gradient, so the local norm
-    // already is the global one under pure replication; the hook exists for sharded layouts.
-    if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
-    r.grad_norm = at::sqrt(norm_sq);
-    clip_grad_norm(params, o.max_norm, r.grad_norm);
-    opt.step(o.lr);
-    opt.zero_grad();
-    model.after_optimizer_step();
-    if (o.time_phases) wait_for_device(r.grad_norm);
-  }
+  reduce_gradients(model, grad_sync);
+  r.grad_norm = optimizer_phase(model, opt, o, grad_sync);
+  if (o.time_phases) wait_for_device(r.grad_norm);
   r.opt_ms = ms_since(t1);
-  r.loss = total;
   return r;
 }
 

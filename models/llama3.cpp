@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 
 namespace titan {
@@ -110,6 +111,7 @@ at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) 
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
   at::Tensor h = rms_norm(x, w[0], args_.norm_eps);
   at::Tensor y = x + gqa_attention(h, w[1], w[2], w[3], w[4], args_.n_heads, args_.n_kv_heads, rope_);
+  ModuleScope scope("feed_forward");
   return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/base/errors.h"
 #include "core/base/log.h"
+#include "core/train/capture_check.h"
 
 // The device query needs the CUDA runtime headers; the wheel's libtorch_cuda provides the
 // symbol. Without them (a CPU-only LibTorch) every device reports capability 0.
@@ -66,6 +67,7 @@ int64_t experts_alignment(ExpertsBackend b) {
 }
 
 std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
+  TITAN_HOST_READ_SCOPE();  // the capture check names this read
   at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();  // the sync
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
