@@ -21,6 +21,16 @@ namespace titan {
 void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_experts) {
   if (!cfg.compile.enable) return;
   const std::string why = "compile.enable = true captures the train step, which ";
+  if (cfg.parallelism.expert_parallel_degree > 1)
+    throw UserError("parallelism.expert_parallel_degree = " +
+                    std::to_string(cfg.parallelism.expert_parallel_degree) + ": " + why +
+                    "cannot hold expert parallelism's exchange yet (its all-to-all splits are "
+                    "token counts read on the host; a fixed-capacity exchange is coming as "
+                    "moe.ep_exchange = \"static\"); allowed with compile.enable: 1");
+  if (cfg.optimizer.implementation == "for-loop")
+    throw UserError("optimizer.implementation = \"for-loop\": " + why +
+                    "cannot hold (the reference AdamW reads each step count on the host); "
+                    "allowed with compile.enable: \"fused\", \"foreach\"");
   if (moe_model && loop_experts)
     throw UserError(
         "moe.experts_backend = \"" + cfg.moe.experts_backend +
@@ -28,16 +38,6 @@ void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_expert
         "cannot hold: the loop reads the per-expert token counts on the host in every MoE "
         "layer; allowed with compile.enable: a sync-free backend (grouped_mm on CUDA compute "
         "capability >= 9.0), or compile.enable = false");
-  if (cfg.optimizer.implementation == "for-loop")
-    throw UserError("optimizer.implementation = \"for-loop\": " + why +
-                    "cannot hold (the reference AdamW reads each step count on the host); "
-                    "allowed with compile.enable: \"fused\", \"foreach\"");
-  if (cfg.parallelism.expert_parallel_degree > 1)
-    throw UserError("parallelism.expert_parallel_degree = " +
-                    std::to_string(cfg.parallelism.expert_parallel_degree) + ": " + why +
-                    "cannot hold expert parallelism's exchange yet (its all-to-all splits are "
-                    "token counts read on the host; a fixed-capacity exchange is coming as "
-                    "moe.ep_exchange = \"static\"); allowed with compile.enable: 1");
   std::vector<std::string> c = cfg.compile.components;
   std::sort(c.begin(), c.end());
   if (c != std::vector<std::string>{"loss", "model"})
@@ -116,6 +116,18 @@ std::string CompiledStep::take_report() {
 
 #ifdef TITAN_CUDA_GRAPHS
 
+namespace {
+
+// A replay changes the parameters on the device without running the host code that bumps
+// their version counters, so caches keyed by the version (the bf16 weight casts of
+// Model::weight) would go stale for eager use between replays (validation). Bumped after
+// every replay, and before a capture so that the capture records the casts.
+void bump_versions(Model& model) {
+  for (auto& p : model.params().tensors()) p.unsafeGetTensorImpl()->bump_version();
+}
+
+}  // namespace
+
 StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o) {
   Graphs& g = *graphs_;
   const std::string key = step_inputs_key(micro);
@@ -150,6 +162,7 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
   const auto t0 = std::chrono::steady_clock::now();
   g.fwdbwd->replay();
   g.opt->replay();
+  bump_versions(model_);
   ++replays_;
   // Host time of the two launches (the work itself runs on asynchronously): the log line's
   // fwd/bwd column under capture; the optimizer column stays 0.
@@ -168,15 +181,26 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
   // loader's thread may copy on its own stream meanwhile; the autograd engine's device thread
   // launches backward onto the capturing stream, which records it.
   const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+  bump_versions(model_);
   g.fwdbwd = std::make_unique<at::cuda::CUDAGraph>();
   g.opt = std::make_unique<at::cuda::CUDAGraph>();
-  g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-  g.loss = forward_backward(model_, micro, o, sync_);
-  reduce_gradients(model_, sync_);
-  g.fwdbwd->capture_end();
-  g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-  g.grad_norm = optimizer_phase(model_, opt_, o, sync_);
-  g.opt->capture_end();
+  const char* phase = "forward+backward";
+  try {
+    g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.loss = forward_backward(model_, micro, o, sync_);
+    reduce_gradients(model_, sync_);
+    g.fwdbwd->capture_end();
+    phase = "clip+AdamW";
+    g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.grad_norm = optimizer_phase(model_, opt_, o, sync_);
+    g.opt->capture_end();
+  } catch (const std::exception& e) {
+    // Not a user error: something on the step's path cannot be captured. The CPU capture
+    // check names the op and module of most such breaks.
+    TORCH_CHECK(false, "compile.enable: capturing the ", phase,
+                " graph of the train step failed (run the same config on the CPU for the "
+                "capture check's diagnosis, or set compile.enable = false): ", e.what());
+  }
   ++captures_;
   std::ostringstream os;
   os << "compile: captured the train step as 2 CUDA graphs after " << warm_

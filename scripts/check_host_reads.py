@@ -31,7 +31,7 @@ HOT_PATH = [
     "moe/*.cpp", "moe/*.h", "moe/*.cu",
     "core/train/functional.*", "core/kernels/ops*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
     "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
-    "app/train_step.*",
+    "app/train_step.*", "app/compiled_step.*", "core/train/capture_check.*",
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/expert_parallel.*",
 ]
 # In a hot-path folder but outside the step.
@@ -52,6 +52,8 @@ ALLOWED = {
         "logging steps only: the expert-load metrics of the log line",
     ("core/train/optimizer.cpp", "AdamW::loop_step"):
         "optimizer.implementation = \"for-loop\", the textbook reference (reads the step count)",
+    ("app/compiled_step.cpp", "step_inputs_key"):
+        "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
     ("app/train_step.cpp", "wait_for_device"):
         "logging steps only: the phase timing's synchronization (StepOptions::time_phases)",
 }

@@ -95,12 +95,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     ctx->bwd = true;
   }
   const std::string module = current_module();
-  if (name == "titan::host_read" ||
-      (host_read_ops().count(name) && !(t_fused_adamw > 0 && name == "aten::_local_scalar_dense"))) {
-    // The CPU fused AdamW reads its own CPU lr tensor with .item(); on CUDA the kernel reads
-    // device memory, so that read is no break.
-    r->host_reads.push_back(name + (module.empty() ? "" : " in " + module));
-  }
+  // The CPU fused AdamW reads its own CPU lr tensor with .item(); on CUDA the kernel reads
+  // device memory, so that read is no break.
+  if (name == "titan::host_read" || (host_read_ops().count(name) && t_fused_adamw == 0))
+    r->host_reads.push_back(name + (module.empty() ? " (in the step itself)" : " in " + module));
   if (name == "aten::_fused_adamw_") {
     ++t_fused_adamw;
     ctx->fused = true;

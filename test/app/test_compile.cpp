@@ -182,3 +182,15 @@ TEST_CASE("compile: what cannot be captured exits 2 naming the key", "[compile][
     CHECK_THAT(r.out, Contains(c.key));
   }
 }
+
+TEST_CASE("compile: expert parallelism exits 2 naming its degree", "[compile][dist][app]") {
+  test::TempDir dir("compile_ep");
+  auto r = torchrun_train(2, "--config configs/deepseek_v3_debug.toml --compile.enable true "
+                             "--training.local_batch_size 1 "
+                             "--parallelism.expert_parallel_degree 2 --job.dump_folder " +
+                                 dir.file("run"));
+  INFO(r.out);
+  CHECK(r.rc != 0);
+  CHECK_THAT(r.out, Contains("parallelism.expert_parallel_degree = 2"));
+  CHECK_THAT(r.out, Contains("exitcode  : 2"));
+}

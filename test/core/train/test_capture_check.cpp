@@ -81,8 +81,7 @@ TEST_CASE("capture check: shape, host scalar and host read breaks give their rea
     const std::string err =
         run_steps(c, 3, [&](int k) { tiny_step(w, k == 3 ? 5 : 3, 0.5); });
     INFO(err);
-    CHECK_THAT(err, Contains("input shapes changed between steps"));
-    CHECK_THAT(err, Contains("layers.0.feed_forward"));
+    CHECK_THAT(err, Contains("aten::ones (in the step itself): input shapes changed between steps"));
   }
   SECTION("a host scalar that changes (a learning rate passed as a double)") {
     CaptureCheck c;
@@ -97,7 +96,7 @@ TEST_CASE("capture check: shape, host scalar and host read breaks give their rea
       tiny_step(w, 3, 0.5, [](const at::Tensor& h) { (void)h.sum().item<double>(); });
     });
     INFO(err);
-    CHECK_THAT(err, Contains("aten::_local_scalar_dense in layers.1.feed_forward"));
+    CHECK_THAT(err, Contains("aten::item in layers.1.feed_forward"));
     CHECK_THAT(err, Contains("reads a device value on the host"));
   }
   SECTION("a named host read (the loop experts' counts)") {
