@@ -84,23 +84,26 @@ CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
 CompiledStep::~CompiledStep() = default;
 
 StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+  if (cuda_) return step_cuda(micro, o);
   StepOptions so = o;
-  so.time_phases = false;  // no wait inside the step: the log step reads after it
-  if (cuda_) return step_cuda(micro, so);
+  so.timer = nullptr;  // marked here, around the phases (host clock on the CPU: no ops)
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
   std::ostringstream key;  // the check's reference follows the input shapes only
   for (const auto& mb : micro) key << mb.tokens.sizes() << mb.labels.sizes() << ';';
   // As on CUDA: the lr is written before the step (outside what is checked), then the
   // phases run as the graphs would hold them. The numbers are train_step's.
   opt_.set_lr(so.lr);
-  const auto t0 = std::chrono::steady_clock::now();
+  mark(PhaseTimer::kStart);
   check_->begin_step(key.str());
   StepResult r;
   r.loss = forward_backward(model_, micro, so, sync_);
+  mark(PhaseTimer::kForwardBackwardDone);
   reduce_gradients(model_, sync_);
   r.grad_norm = optimizer_phase(model_, opt_, so, sync_);
   const bool compared = check_->end_step();
-  r.fwdbwd_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  mark(PhaseTimer::kOptimizerDone);
   if (compared && !reported_) {
     report_ = check_->summary();
     reported_ = true;
@@ -147,8 +150,7 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
     {
       c10::cuda::CUDAStreamGuard guard(g.stream);
       if (warm_ < warmup_) {
-        StepOptions eager = o;
-        r = train_step(model_, opt_, micro, eager, sync_);
+        r = train_step(model_, opt_, micro, o, sync_);  // its phase marks are on g.stream
         ++warm_;
       } else {
         capture(micro, o);
@@ -158,23 +160,27 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
     after.block(current);
     if (!g.fwdbwd) return r;  // a warm-up step
   }
-  // Replay on the current stream (the loader's copies into the inputs are ordered before).
-  const auto t0 = std::chrono::steady_clock::now();
+  // Replay on the current stream (the loader's copies into the inputs are ordered before),
+  // with the phase marks (CUDA events) around the two graphs.
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  mark(PhaseTimer::kStart);
   g.fwdbwd->replay();
+  mark(PhaseTimer::kForwardBackwardDone);
   g.opt->replay();
+  mark(PhaseTimer::kOptimizerDone);
   bump_versions(model_);
   ++replays_;
-  // Host time of the two launches (the work itself runs on asynchronously): the log line's
-  // fwd/bwd column under capture; the optimizer column stays 0.
-  r.fwdbwd_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   r.loss = g.loss;
   r.grad_norm = g.grad_norm;
   return r;
 }
 
-void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptions& step_options) {
   Graphs& g = *graphs_;
+  StepOptions o = step_options;
+  o.timer = nullptr;  // no events inside the graphs: the replays are marked instead
   // Capturing records the kernels without running them; the replay that follows runs them.
   // One private pool for both graphs: the second may reuse what the first freed, and the
   // static outputs (loss, norm) stay allocated in it. Thread-local capture mode: the

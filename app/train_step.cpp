@@ -3,27 +3,11 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/train/capture_check.h"
 #include "core/train/functional.h"
 
 namespace titan {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-// The step's one named host read, on logging steps only (StepOptions::time_phases): waits
-// for the device so the phase times are true. scripts/check_host_reads.py lists it.
-void wait_for_device(const at::Tensor& t) {
-  TITAN_HOST_READ_SCOPE();
-  if (!t.is_cpu()) (void)t.cpu();
-}
-
-}  // namespace
 
 const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& fresh) {
   const bool same = bufs_.size() == fresh.size() &&
@@ -91,19 +75,19 @@ at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradS
 
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* grad_sync) {
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
   // The lr reaches the optimizer as a device tensor written here, before the step's work, as
   // a captured step writes it before each replay.
   opt.set_lr(o.lr);
-  const auto t0 = Clock::now();
+  mark(PhaseTimer::kStart);
   StepResult r;
   r.loss = forward_backward(model, micro, o, grad_sync);
-  if (o.time_phases) wait_for_device(r.loss);
-  r.fwdbwd_ms = ms_since(t0);
-  const auto t1 = Clock::now();
+  mark(PhaseTimer::kForwardBackwardDone);
   reduce_gradients(model, grad_sync);
   r.grad_norm = optimizer_phase(model, opt, o, grad_sync);
-  if (o.time_phases) wait_for_device(r.grad_norm);
-  r.opt_ms = ms_since(t1);
+  mark(PhaseTimer::kOptimizerDone);
   return r;
 }
 

@@ -54,8 +54,6 @@ ALLOWED = {
         "optimizer.implementation = \"for-loop\", the textbook reference (reads the step count)",
     ("app/compiled_step.cpp", "step_inputs_key"):
         "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
-    ("app/train_step.cpp", "wait_for_device"):
-        "logging steps only: the phase timing's synchronization (StepOptions::time_phases)",
 }
 # data_ptr in these files passes pointers to kernels; it is not a host read.
 KERNEL_FILES = ["core/kernels/ops.cpp", "core/kernels/ops.cu", "core/kernels/ops_cpu_*.cpp", "core/kernels/ops_kernels.h",
