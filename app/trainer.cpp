@@ -16,6 +16,7 @@
 #include "core/base/timing.h"
 #include "models/hf_interop.h"
 #include "models/registry.h"
+#include "moe/experts.h"
 #include "parallel/expert_parallel.h"
 
 namespace titan {
@@ -52,10 +53,6 @@ Trainer::~Trainer() = default;
 
 int Trainer::run() {
   install_preemption_handlers();
-  if (cfg_.compile.enable)
-    log_warn(
-        "compile.enable = true: CUDA-graph capture of the train step is not implemented "
-        "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg_));
   if (cfg_.job.print_config) log_info("\n" + dump_config_toml(cfg_));
   setup_distributed();
@@ -63,6 +60,7 @@ int Trainer::run() {
   setup_model();
   parallelize();
   setup_optimizer();
+  setup_compile();
   log_plan();
   resume();
   if (cfg_.checkpoint.create_seed_checkpoint) return write_seed_checkpoint();
@@ -106,6 +104,12 @@ void Trainer::setup_distributed() {
   if (cfg_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, false);
     if (cuda_) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  }
+  if (cuda_ && cfg_.compile.enable) {
+    // NCCL collectives inside a captured graph: no host-blocking wait, no NaN-check kernel
+    // that reads on the host (docs/compile.md). Read when the process group is made.
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "0", 1);
+    setenv("TORCH_NCCL_NAN_CHECK", "0", 1);
   }
   // torchrun with one rank still gets a process group (torchrun --nproc_per_node 1 runs
   // the same collective code path, e.g. a one-GPU NCCL check).
@@ -293,6 +297,20 @@ void Trainer::setup_optimizer() {
       !cfg_.metrics.disable_color_printing && log_is_tty(), launch_.rank);
 }
 
+void Trainer::setup_compile() {
+  if (!cfg_.compile.enable) return;
+  const bool moe = model_->num_experts() > 0;
+  const bool loop = moe && select_experts_backend(cfg_.moe.experts_backend, device_) ==
+                               ExpertsBackend::Loop;
+  check_compile_config(cfg_, moe, loop);
+  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
+  log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
+                   "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
+                 : "=> compile: no CUDA here; the step runs eagerly under the capture check "
+                   "(the same op sequence every step, no host read, no collective changing "
+                   "size; docs/compile.md)");
+}
+
 void Trainer::log_plan() const {
   const ModelInfo& info = model_->info();
   std::string dev_name = "CPU";
@@ -394,8 +412,13 @@ int Trainer::train_loop() {
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.timer = phase_timer_.get();
     ProcessGroup::count_comm_waits(true);
-    StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
+    StepResult r =
+        compiled_ ? compiled_->step(micro, o) : train_step(*model_, *opt_, micro, o, grad_sync_);
     ProcessGroup::count_comm_waits(false);
+    if (compiled_) {
+      const std::string report = compiled_->take_report();
+      if (!report.empty()) log_info(report);
+    }
     tokens_since_log_ +=
         cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len;
     if (step == first_step) {

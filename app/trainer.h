@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "app/checkpointer.h"
+#include "app/compiled_step.h"
 #include "app/data_setup.h"
 #include "app/preemption.h"
 #include "app/train_step.h"
@@ -51,6 +52,7 @@ class Trainer {
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void load_hf_init();
   void setup_optimizer();
+  void setup_compile();
   void log_plan() const;
   void resume();
   // ---- the loop
@@ -91,6 +93,7 @@ class Trainer {
   std::unique_ptr<LRSchedule> sched_;
 
   StepInputs inputs_;  // the step's persistent input buffers
+  std::unique_ptr<CompiledStep> compiled_;  // compile.enable: captured (CUDA) or checked (CPU)
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<Checkpointer> ckpt_;

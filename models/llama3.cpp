@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 
 namespace titan {
@@ -129,6 +130,7 @@ at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) 
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
   at::Tensor y =
       llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps, rope_);
+  ModuleScope scope("feed_forward");
   return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
 }
 

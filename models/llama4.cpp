@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 
@@ -116,6 +117,7 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));
+  ModuleScope scope("feed_forward");
   return y + swiglu(z, w[6], w[7], w[8]);
 }
 

@@ -1,5 +1,6 @@
 #include "moe/moe_layer.h"
 
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 #include "core/train/recompute.h"
 
@@ -58,6 +59,7 @@ void MoELayer::reset_state() {
 at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>& w, Mode mode) {
   const int64_t B = x3.size(0), S = x3.size(1), D = x3.size(2);
   const int64_t E = args_.num_experts, K = args_.top_k;
+  ModuleScope scope("moe");
   size_t k = 0;
   const at::Tensor& gw = w[k++];
   at::Tensor gb = gate_b_ >= 0 ? w[k++] : at::Tensor();

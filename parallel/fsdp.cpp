@@ -337,8 +337,9 @@ void FullyShardedDataParallel::start_reduce_scatter(Unit& u,
   r.recv = at::empty({u.chunk_total}, opt);
   r.work = u.group->reduce_scatter_start(r.recv, r.send);
   reductions_.push_back(std::move(r));
-  // Finish what is done already (never blocks), then bound the buffers held in flight.
-  while (!reductions_.empty() && reductions_.front().work.ready()) finish_oldest_reduction();
+  // Bound the buffers held in flight. A fixed schedule, not a poll of which reductions are
+  // done already: the step's control flow must not depend on host timing, so that every
+  // step issues the same ops in the same order (what a captured CUDA graph replays).
   while (static_cast<int64_t>(reductions_.size()) > opts_.max_inflight_reductions)
     finish_oldest_reduction();
 }

@@ -34,7 +34,7 @@ HOT_PATH = [
     "moe/*.cpp", "moe/*.h", "moe/*.cu",
     "core/train/functional.*", "core/kernels/ops*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
     "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
-    "app/train_step.*", "app/trainer.*",
+    "app/train_step.*", "app/trainer.*", "app/compiled_step.*", "core/train/capture_check.*",
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/flat_grad_allreduce.*",
     "parallel/expert_parallel.*", "parallel/process_group.*",
 ]
@@ -64,6 +64,8 @@ ALLOWED = {
         "validation steps only: the validation loss",
     ("app/trainer.cpp", "Trainer::load_hf_init"):
         "start-up only: the most bytes any rank read of the Hugging Face initial weights",
+    ("app/compiled_step.cpp", "step_inputs_key"):
+        "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
 }
 # data_ptr in these files passes pointers to kernels; it is not a host read.
 KERNEL_FILES = ["moe/grouped_gemm.cpp", "moe/grouped_gemm_cutlass.cu", "moe/grouped_gemm_kernels.h",

@@ -283,10 +283,12 @@ void activation_checkpoint_options(std::vector<Option>& out) {
 void compile_options(std::vector<Option>& out) {
   SectionDefs<CompileSection> s("compile", &JobConfig::compile, out);
   s.add("enable", &CompileSection::enable, false,
-        "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true runs "
-        "eagerly with a warning")
+        "Capture the train step as CUDA graphs (on the CPU: run it eagerly under the capture "
+        "check, which exits 2 naming what would break capture; docs/compile.md)")
       .alias("training.compile");
-  s.add("components", &CompileSection::components, Strings{"model", "loss"}, "What to capture")
+  s.add("components", &CompileSection::components, Strings{"model", "loss"},
+        "What torchtitan compiles; titan-train captures the whole step, so only both "
+        "(the default) is allowed with compile.enable")
       .choices({"model", "loss"});
 }
 

@@ -10,12 +10,15 @@
 #include <memory>
 #include <vector>
 
+#include "core/train/capture_check.h"
+
 namespace titan {
 
 // The one device-to-host read of per-expert counts in a training step: the MoE loop
 // backend's counts, or the exact expert-parallel exchange's split sizes (docs/moe.md). The
 // counts as host integers.
 inline std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
+  TITAN_HOST_READ_SCOPE();  // the capture check names this read
   at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();  // the sync
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/base/counter_rng.h"
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 #include "core/kernels/fused_loss.h"
 
@@ -139,13 +140,20 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
   Head o = forward_head(tokens);
+  ModuleScope scope("output");
   if (!fused_loss_) return titan::token_loss_sum(at::linear(o.h, o.w), labels);
   return fused_linear_cross_entropy(o.h, o.w, labels);
 }
 
 void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
   block_params_.push_back(std::move(params));
-  block_fns_.push_back(std::move(fn));
+  // Every run of the block (forward, and its recompute in backward) names its ops
+  // "layers.<l>" for the capture check (docs/compile.md).
+  const int64_t l = static_cast<int64_t>(block_fns_.size());
+  block_fns_.push_back([l, fn = std::move(fn)](const at::Tensor& h, const std::vector<at::Tensor>& w) {
+    ModuleScope scope("layers", l);
+    return fn(h, w);
+  });
 }
 
 at::Tensor Model::run_blocks(at::Tensor h) const {
