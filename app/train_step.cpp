@@ -68,6 +68,7 @@ at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradS
   at::Tensor norm = at::sqrt(norm_sq);
   clip_grad_norm(params, o.max_norm, norm);
   opt.step();  // reads the lr written by set_lr before the step
+  model.weights_updated();  // the fused kernel bumps no version counter (model.h)
   opt.zero_grad();
   model.after_optimizer_step();
   return norm;

@@ -13,6 +13,7 @@
 #include "core/base/errors.h"
 #include "core/train/functional.h"
 #include "core/base/log.h"
+#include "core/base/timing.h"
 #include "models/hf_interop.h"
 #include "models/registry.h"
 #include "moe/experts.h"
@@ -21,8 +22,9 @@
 namespace titan {
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+// The dtype gradients are summed in across data-parallel ranks (DDP and FSDP alike).
+at::ScalarType reduce_dtype(const JobConfig& cfg) {
+  return cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
 }
 
 std::string human(int64_t n) {
@@ -222,6 +224,16 @@ static bool comm_overlap() {
   return v == nullptr || std::string(v) != "0";
 }
 
+EpExchangeOptions Trainer::ep_options() const {
+  EpExchangeOptions o;
+  // auto: static under capture (it needs fixed shapes and no host read), exact otherwise
+  // (no drops and no worst-case buffer: docs/moe.md).
+  const std::string& x = cfg_.moe.ep_exchange;
+  o.fixed = x == "static" || (x == "auto" && cfg_.compile.enable);
+  o.capacity_factor = cfg_.moe.ep_capacity_factor;
+  return o;
+}
+
 void Trainer::parallelize() {
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
@@ -236,19 +248,18 @@ void Trainer::parallelize() {
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
                       std::to_string(d_.dp_shard));
-    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group));
+    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group, ep_options()));
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {
     // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
     // collectives can be checked on a single GPU (scripts/gpu_check.sh).
-    model_->set_expert_exchange(make_expert_exchange(*mesh_->world));
+    model_->set_expert_exchange(make_expert_exchange(*mesh_->world, ep_options()));
     log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
   }
   if (fsdp_) {
     FsdpOptions fo;
     fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = reduce_dtype(cfg_);
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
     if (!comm_overlap()) {
       fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
@@ -261,10 +272,8 @@ void Trainer::parallelize() {
       model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
   } else if (pg_) {
-    const at::ScalarType reduce =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce, 25 << 20,
-                                          comm_overlap());
+    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce_dtype(cfg_),
+                                          25 << 20, comm_overlap());
     grad_sync_ = ddp_.get();
   }
   if (pg_) {

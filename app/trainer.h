@@ -22,6 +22,7 @@
 #include "core/telemetry/profiler.h"
 #include "core/tokenizer/tokenizer.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
@@ -46,6 +47,8 @@ class Trainer {
   void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
+  // The expert-parallel exchange of moe.ep_exchange and moe.ep_capacity_factor.
+  EpExchangeOptions ep_options() const;
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void load_hf_init();
   void setup_optimizer();

@@ -426,9 +426,18 @@ CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_all_to_alls{0};
+}  // namespace
+
+int64_t ProcessGroup::all_to_all_calls() {
+  return g_all_to_alls.load();
+}
+
 void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
                               const std::vector<int64_t>& out_splits,
                               const std::vector<int64_t>& in_splits) {
+  ++g_all_to_alls;
   TITAN_COLLECTIVE_SCOPE("all-to-all", out, in, c10::IValue(out_splits), c10::IValue(in_splits));
   if (!impl_->backend) {
     out.copy_(in);

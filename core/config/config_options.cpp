@@ -370,8 +370,19 @@ void comm_options(std::vector<Option>& out) {
 void moe_options(std::vector<Option>& out) {
   SectionDefs<MoESection> s("moe", &JobConfig::moe, out);
   s.add("experts_backend", &MoESection::experts_backend, "auto",
-        "Expert GEMMs: grouped_mm (SM90+ CUDA), loop, or auto (grouped_mm where it runs)")
-      .choices({"auto", "grouped_mm", "loop"});
+        "Expert GEMMs: grouped_mm (CUDA 9.x/10.x), cutlass (CUDA 8.0+), loop (syncs once per "
+        "layer), or auto (grouped_mm, else cutlass on CUDA; loop on the CPU)")
+      .choices({"auto", "grouped_mm", "cutlass", "loop"});
+  s.add("ep_exchange", &MoESection::ep_exchange, "auto",
+        "Expert-parallel token exchange: static (fixed-size all-to-alls, no host sync), exact "
+        "(variable splits, one host read of the counts per layer), or auto (static when "
+        "compile.enable, else exact)")
+      .choices({"auto", "static", "exact"});
+  s.add("ep_capacity_factor", &MoESection::ep_capacity_factor, kNoMax,
+        "Static exchange: rows per (source, destination) pair = ceil(factor * tokens * top_k / "
+        "ep), at most the worst case (rows over it are dropped and counted in "
+        "moe_dropped_tokens); > 0, inf: the no-drop worst case")
+      .range(0.0, kNoMax);
   s.add("load_balance_coeff", &MoESection::load_balance_coeff, 1e-3,
         "Aux-loss-free expert-bias update speed; 0 turns balancing off")
       .range(0.0, kNoMax);

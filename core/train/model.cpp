@@ -116,18 +116,19 @@ at::Tensor Model::weight(int64_t i) const {
   const at::Tensor& p = params_[i].value;
   if (p.scalar_type() == compute_dtype_) return p;
   if (!at::GradMode::is_enabled()) return p.to(compute_dtype_);
-  // One cast per optimizer step, not per micro-batch: the cast is kept with the master's
-  // version counter, which the optimizer's in-place update (or a load) bumps. Every
-  // micro-batch's backward flows through the same cast node (it saves no tensor, so that is
-  // allowed) into the master's gradient.
+  // One cast per optimizer step, not per micro-batch: the cast is kept until the optimizer
+  // steps (weights_updated()) or the master is written otherwise (its version counter: a
+  // load, an in-place op). Every micro-batch's backward flows through the same cast node (it
+  // saves no tensor, so that is allowed) into the master's gradient.
   if (cast_cache_.size() < static_cast<size_t>(params_.size()))
     cast_cache_.resize(static_cast<size_t>(params_.size()));
   auto& c = cast_cache_[static_cast<size_t>(i)];
-  if (!c.master.is_same(p) || c.version != p._version() ||
+  if (!c.master.is_same(p) || c.version != p._version() || c.generation != weights_generation_ ||
       c.cast.scalar_type() != compute_dtype_) {
     c.cast = p.to(compute_dtype_);
     c.master = p;
     c.version = p._version();
+    c.generation = weights_generation_;
   }
   return c.cast;
 }
