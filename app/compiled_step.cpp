@@ -21,12 +21,11 @@ namespace titan {
 void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_experts) {
   if (!cfg.compile.enable) return;
   const std::string why = "compile.enable = true captures the train step, which ";
-  if (cfg.parallelism.expert_parallel_degree > 1)
-    throw UserError("parallelism.expert_parallel_degree = " +
+  if (cfg.parallelism.expert_parallel_degree > 1 && cfg.moe.ep_exchange == "exact")
+    throw UserError("moe.ep_exchange = \"exact\" with parallelism.expert_parallel_degree = " +
                     std::to_string(cfg.parallelism.expert_parallel_degree) + ": " + why +
-                    "cannot hold expert parallelism's exchange yet (its all-to-all splits are "
-                    "token counts read on the host; a fixed-capacity exchange is coming as "
-                    "moe.ep_exchange = \"static\"); allowed with compile.enable: 1");
+                    "cannot hold the exact exchange (its all-to-all splits are token counts "
+                    "read on the host); allowed with compile.enable: \"static\" or \"auto\"");
   if (cfg.optimizer.implementation == "for-loop")
     throw UserError("optimizer.implementation = \"for-loop\": " + why +
                     "cannot hold (the reference AdamW reads each step count on the host); "
@@ -36,8 +35,8 @@ void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_expert
         "moe.experts_backend = \"" + cfg.moe.experts_backend +
         "\" runs the loop experts here, " + why +
         "cannot hold: the loop reads the per-expert token counts on the host in every MoE "
-        "layer; allowed with compile.enable: a sync-free backend (grouped_mm on CUDA compute "
-        "capability >= 9.0), or compile.enable = false");
+        "layer; allowed with compile.enable: auto, grouped_mm (CUDA 9.x/10.x), cutlass (CUDA "
+        "8.0+), or compile.enable = false");
   std::vector<std::string> c = cfg.compile.components;
   std::sort(c.begin(), c.end());
   if (c != std::vector<std::string>{"loss", "model"})

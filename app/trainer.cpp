@@ -300,7 +300,8 @@ void Trainer::setup_optimizer() {
 void Trainer::setup_compile() {
   if (!cfg_.compile.enable) return;
   const bool moe = model_->num_experts() > 0;
-  const bool loop = moe && select_experts_backend(cfg_.moe.experts_backend, device_) ==
+  const bool loop = moe && select_experts_backend(cfg_.moe.experts_backend, device_,
+                                                  /*static_step=*/true) ==
                                ExpertsBackend::Loop;
   check_compile_config(cfg_, moe, loop);
   compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);

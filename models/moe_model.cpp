@@ -60,7 +60,7 @@ void MoETransformer::reset_state() {
 }
 
 void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device) {
-  moe.backend = select_experts_backend(cfg.moe.experts_backend, device);
+  moe.backend = select_experts_backend(cfg.moe.experts_backend, device, cfg.compile.enable);
   moe.load_balance_coeff = cfg.moe.load_balance_coeff;
   moe.seq_aux_loss_coeff = cfg.moe.seq_aux_loss_coeff;
   const std::string& ac = cfg.activation_checkpoint.mode;

@@ -76,7 +76,8 @@ std::pair<ExpertsBackend, std::string> auto_backend(const GroupedSupport& s, int
 
 }  // namespace
 
-ExpertsBackend select_experts_backend(const std::string& requested, at::Device device) {
+ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
+                                      bool static_step) {
   const int cc = cuda_compute_capability(device);
   const GroupedSupport s = grouped_support(cc);
   std::string where = device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
@@ -101,6 +102,9 @@ ExpertsBackend select_experts_backend(const std::string& requested, at::Device d
     pick = {ExpertsBackend::Cutlass, "asked for"};
   } else if (requested == "loop") {
     pick = {ExpertsBackend::Loop, "asked for; syncs once per layer and forward on CUDA"};
+  } else if (requested == "auto" && static_step && !device.is_cuda()) {
+    pick = {ExpertsBackend::GroupedMM,
+            "auto with compile.enable: the grouped layout with the CPU kernel, no host read"};
   } else if (requested == "auto") {
     pick = auto_backend(s, cc);
   } else {

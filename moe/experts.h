@@ -29,7 +29,10 @@ GroupedKernel grouped_kernel(ExpertsBackend b, at::Device device);
 // from 8.0 up (when the build holds it), loop on the CPU (where reading the counts is a memory
 // read, not a device sync) and below 8.0. Logs the choice and the reason. Throws UserError
 // when grouped_mm or cutlass is asked for where it cannot run.
-ExpertsBackend select_experts_backend(const std::string& requested, at::Device device);
+// static_step (compile.enable): on the CPU, auto picks grouped_mm's layout with the CPU kernel,
+// the static step a captured GPU step runs (the loop's counts would break the capture check).
+ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
+                                      bool static_step = false);
 // Compute capability major*10+minor of a CUDA device; 0 when CUDA is unavailable.
 int cuda_compute_capability(at::Device device);
 

@@ -1,5 +1,5 @@
 // compile.enable on CUDA (docs/compile.md): the step captured as two CUDA graphs and replayed.
-// Tags [gpu] and [cuda] (scripts/gpu_check.sh runs "[cuda]"): skipped without a CUDA device. The reference is the same
+// Tag [gpu] (ctest label gpu, run by scripts/gpu_check.sh): skipped without a CUDA device. The reference is the same
 // model and batches stepped eagerly by train_step (app/train_step.h) from the same weights.
 #include <catch2/catch.hpp>
 
@@ -54,7 +54,7 @@ StepOptions options(int64_t B, int64_t T) {
 }  // namespace
 
 TEST_CASE("compile cuda: replays read the lr written before each replay, and re-capture on a new shape",
-          "[compile][gpu][cuda]") {
+          "[compile][gpu]") {
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   // fp32 compute: captured and eager run the same kernels, so they agree to fp32 rounding.
   Run eager = make_run("llama3", false), graph = make_run("llama3", false);
@@ -94,7 +94,7 @@ TEST_CASE("compile cuda: replays read the lr written before each replay, and re-
 }
 
 TEST_CASE("compile cuda: captured and eager bf16 losses agree over 30 steps for llama3, llama4 and deepseek_v3",
-          "[compile][gpu][cuda]") {
+          "[compile][gpu]") {
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   for (const char* name : {"llama3", "llama4", "deepseek_v3"}) {
     DYNAMIC_SECTION(name) {
