@@ -50,6 +50,7 @@ class Trainer {
   void setup_optimizer();
   void log_plan() const;
   void resume();
+  std::string load_checkpoint_agreed();  // ckpt_->load on every rank, failing together
   // ---- the loop
   int train_loop();
   std::vector<MicroBatch> next_micro_batches();
