@@ -8,32 +8,17 @@
 #include <string>
 
 #include "core/checkpoint/checkpoint.h"
+#include "test/core/checkpoint/small_checkpoint.h"
 #include "test/fuzz/fuzz_util.h"
 
 namespace {
 
 std::string step_dir() { return titan::fuzz::scratch("ckpt/step-1"); }
 
-void save_checkpoint() {
-  titan::CheckpointSnapshot s;
-  s.step = 1;
-  auto add = [&](const std::string& key, at::Tensor t) {
-    s.entries.push_back({key, t, t.sizes().vec(), 0});
-  };
-  add("model.w", at::arange(12, at::kFloat).reshape({4, 3}));
-  add("model.b", at::ones({3}, at::kBFloat16));
-  add("model.s", at::scalar_tensor(7, at::kLong));
-  add("model.e", at::empty({0, 3}));
-  add("optim.m", at::zeros({2, 2, 2}, at::kDouble));
-  s.train_state_json = R"({"step": 1})";
-  titan::CheckpointWriter w(titan::fuzz::scratch("ckpt"), {}, 1, 0);
-  w.save(std::move(s), false);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  save_checkpoint();
+  titan::test_fixtures::save_small_checkpoint(titan::fuzz::scratch("ckpt"));
   if (const char* seeds = std::getenv("TITAN_FUZZ_WRITE_SEEDS"))
     std::filesystem::copy_file(step_dir() + "/metadata.json",
                                std::string(seeds) + "/metadata.json",

@@ -11,6 +11,7 @@
 
 #include "core/base/errors.h"
 #include "core/checkpoint/checkpoint.h"
+#include "test/core/checkpoint/small_checkpoint.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -19,20 +20,8 @@ using nlohmann::json;
 
 namespace {
 
-// One rank's checkpoint of a [4, 3] float, a [3] bf16 and a scalar, at <dir>/ckpt/step-1.
 std::string save_small(const test::TempDir& dir) {
-  CheckpointSnapshot s;
-  s.step = 1;
-  auto add = [&](const std::string& key, at::Tensor t) {
-    s.entries.push_back({key, t, t.sizes().vec(), 0});
-  };
-  add("model.w", at::arange(12, at::kFloat).reshape({4, 3}));
-  add("model.b", at::ones({3}, at::kBFloat16));
-  add("model.s", at::scalar_tensor(7, at::kLong));
-  s.train_state_json = R"({"step": 1})";
-  CheckpointWriter w(dir.file("ckpt"), {}, 1, 0);
-  w.save(std::move(s), false);
-  return dir.file("ckpt/step-1");
+  return test_fixtures::save_small_checkpoint(dir.file("ckpt"));
 }
 
 // Opens the folder and reads every tensor; returns the UserError's message ("" when none).
