@@ -41,6 +41,7 @@ class CommWork {
   friend class ProcessGroup;
   std::function<bool()> ready_;
   std::function<void()> wait_;
+  bool cuda_ = false;  // NCCL: its wait is timed with CUDA events
 };
 
 class ProcessGroup {
@@ -90,11 +91,14 @@ class ProcessGroup {
   // copy of this rank's chunk of it, written by the wait.
   CommWork reduce_scatter_start(at::Tensor& out, at::Tensor& in);
 
-  // Milliseconds this process has spent blocked on collectives (blocking calls, and the
-  // part of CommWork::wait that found the collective unfinished), summed over every group
-  // since the start: the communication that compute did not hide. Host time: on NCCL the
-  // waits do not block the host, so there it counts only host-side collectives.
-  static double comm_wait_ms();
+  // The communication that compute did not hide: milliseconds compute waited at collectives
+  // (blocking calls and CommWork::wait), over every group, while counting is on. gloo: host
+  // time blocked. NCCL: the waits do not block the host, so a CUDA event is recorded on the
+  // compute stream before and after each wait; their distance is the stall. take_ returns
+  // the total since its last call and resets it; on NCCL it waits for the last event, so the
+  // trainer calls it on log steps, after the loss read. The trainer counts its train steps.
+  static void count_comm_waits(bool on);
+  static double take_comm_wait_ms();
   // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
