@@ -14,7 +14,9 @@
 # Starts its own dockerd (--iptables=false --bridge=none) unless one answers already, and
 # stops it at the end. Prints TITAN_TEST_SKIPPED and exits 0 where the tools are missing.
 # Environment: TITAN_DOCKER_WORK (default <repo>/build/docker), TITAN_DOCKER_ROOT (dockerd's
-# data root, default /var/lib/titan-docker), TITAN_DOCKER_PORT (wheelhouse, default 28123).
+# data root, default /var/lib/titan-docker), TITAN_DOCKER_PORT (wheelhouse, default 28123),
+# TITAN_DOCKER_CONTEXT (the build context, default the checkout), TITAN_DOCKER_NEW_BASES=1,
+# runtime or devel (make those base images again).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/versions.env"
@@ -65,7 +67,9 @@ if [ -z "${TITAN_DOCKER_REAL_BASES:-}" ]; then
   fi
   python3 -m http.server "$port" --bind 127.0.0.1 --directory "$wheels" >/dev/null 2>&1 &
   pids+=($!)
-  if ! docker image inspect "$devel" >/dev/null 2>&1 || ! docker image inspect "$runtime" >/dev/null 2>&1; then
+  new="${TITAN_DOCKER_NEW_BASES:-}"
+  if [ -n "$new" ] || ! docker image inspect "$devel" >/dev/null 2>&1 ||
+     ! docker image inspect "$runtime" >/dev/null 2>&1; then
     rootfs="$work/rootfs"
     if [ ! -f "$rootfs/.done" ]; then
       say "debootstrap --variant=minbase bookworm"
@@ -80,20 +84,30 @@ if [ -z "${TITAN_DOCKER_REAL_BASES:-}" ]; then
       touch "$rootfs/.done"
     fi
     path=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-    say "importing $runtime"
-    tar -C "$rootfs" --exclude=./.done -c . | docker import --change "ENV PATH=$path" - "$runtime" >/dev/null
     cuda="$(readlink -f /usr/local/cuda)"
     [ -x "$cuda/bin/nvcc" ] || skip "no CUDA toolkit in /usr/local/cuda for the devel base image"
+    # The runtime base holds the CUDA runtime library on the library path, as the real one
+    # does (titan-train links libcudart when it was built with nvcc).
+    if [ "$new" = 1 ] || [ "$new" = runtime ] || ! docker image inspect "$runtime" >/dev/null 2>&1; then
+    say "importing $runtime (with $cuda's libcudart)"
+    tar -c -C "$rootfs" --exclude=./.done . -C / usr/local/cuda "${cuda#/}/lib64" \
+        $(cd / && echo "${cuda#/}"/lib/libcudart.so*) |
+      docker import --change "ENV PATH=$path" --change "ENV LD_LIBRARY_PATH=/usr/local/cuda/lib64" \
+        - "$runtime" >/dev/null
+    fi
+    if [ "$new" = 1 ] || [ "$new" = devel ] || ! docker image inspect "$devel" >/dev/null 2>&1; then
     say "importing $devel (with $cuda)"
     tar -c -C "$rootfs" --exclude=./.done . -C / "${cuda#/}" usr/local/cuda |
       docker import --change "ENV PATH=$path" --change "ENV CUDA_HOME=/usr/local/cuda" - "$devel" >/dev/null
+    fi
   fi
 fi
 
 # ---- build -----------------------------------------------------------------------------------
 say "docker build --network=host -t $image ."
 t0=$(date +%s)
-docker build --network=host -t "$image" "$root" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
+docker build --network=host -t "$image" "${TITAN_DOCKER_CONTEXT:-$root}" >"$work/build.log" 2>&1 ||
+  { tail -40 "$work/build.log"; exit 1; }
 build_s=$(( $(date +%s) - t0 ))
 size=$(docker image inspect -f '{{.Size}}' "$image")
 base_size=$(docker image inspect -f '{{.Size}}' "$runtime")

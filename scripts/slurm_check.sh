@@ -30,7 +30,7 @@ ln -s "$root/configs" "$run/submit/configs"
 cd "$run/submit"
 export CONFIG=configs/llama3_debug.toml OMP_NUM_THREADS=1
 steps=16
-flags=(--training.steps $steps --training.seq_len 64 --training.local_batch_size 2
+flags=(--training.device cpu --training.steps $steps --training.seq_len 64 --training.local_batch_size 2
        --metrics.log_freq 1 --metrics.save_for_all_ranks true --metrics.enable_tensorboard false
        --validation.enable false --debug.seed 3 --checkpoint.enable true --checkpoint.interval 1000)
 sb=(sbatch --parsable --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 --cpus-per-task=1

@@ -493,16 +493,21 @@ void TokenSource::read(int64_t pos, int64_t n, int64_t* out) const {
       ReadingGuard reading(s.path);
       convert_tokens(s.dtype, s.file.data() + s.data_offset + loc.offset * s.item_size, take, out);
     }
-    if (s.max_id < 0) {  // no header max: check this window's ids
-      const int64_t limit = vocab_ > 0 ? vocab_ : std::numeric_limits<int64_t>::max();
-      for (int64_t i = 0; i < take; ++i)
-        if (out[i] < 0 || out[i] >= limit)
-          throw UserError("data file '" + s.path + "': token id " + std::to_string(out[i]) +
-                          " at token offset " + std::to_string(loc.offset + i) +
-                          (vocab_ > 0 ? " is outside the model's vocabulary; allowed: 0.." +
+    // Every window's ids are checked, .tok v2 too: its header's max id was checked against
+    // the vocabulary at open, but a damaged token section can break that promise (a fuzz
+    // finding, docs/fuzzing.md), and an id past the embedding must not reach the model.
+    const int64_t vocab_limit = vocab_ > 0 ? vocab_ : std::numeric_limits<int64_t>::max();
+    const int64_t limit = s.max_id >= 0 ? std::min(vocab_limit, s.max_id + 1) : vocab_limit;
+    for (int64_t i = 0; i < take; ++i)
+      if (out[i] < 0 || out[i] >= limit)
+        throw UserError("data file '" + s.path + "': token id " + std::to_string(out[i]) +
+                        " at token offset " + std::to_string(loc.offset + i) +
+                        (out[i] >= 0 && out[i] < vocab_limit
+                             ? " is above the max id " + std::to_string(s.max_id) +
+                                   " its header records; the file is corrupt"
+                         : vocab_ > 0 ? " is outside the model's vocabulary; allowed: 0.." +
                                             std::to_string(vocab_ - 1)
                                       : " is negative; allowed: ids >= 0"));
-    }
     pos += take, n -= take, out += take;
   }
 }

@@ -310,3 +310,35 @@ TEST_CASE("data: a shard truncated or overwritten after opening is an error nami
     CHECK(out[0] == 19900 % 250);
   }
 }
+
+TEST_CASE("data: a .tok token above its header's max id is an error naming the file",
+          "[data]") {
+  // Found by test/fuzz/fuzz_token_source.cpp: the reader trusted the header's max id, so a
+  // damaged token (here 16391 in a file whose header says 299, vocabulary 300) reached the
+  // model's embedding.
+  test::TempDir dir("maxid");
+  const std::string path = dir.file("a.tok");
+  write_tok_v2(path, {1, 2, 3, 299, 0, 7, 9, 299}, {0, 3, 8}, 300);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 2 * 5);
+    const uint16_t bad = 16391;
+    f.write(reinterpret_cast<const char*>(&bad), 2);
+  }
+  auto src = TokenSource::open(path, 300);
+  std::vector<int64_t> out(8);
+  try {
+    src->read(0, 8, out.data());
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains(path) && Contains("token id 16391 at token offset 5") &&
+                             Contains("outside the model's vocabulary"));
+  }
+  auto wide = TokenSource::open(path, 65536);  // inside the vocabulary, above the header's max
+  try {
+    wide->read(0, 8, out.data());
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains("above the max id 299 its header records"));
+  }
+}
