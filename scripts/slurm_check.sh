@@ -76,14 +76,26 @@ saved="$(ls -d "$run/B/checkpoint"/step-* | sed 's/.*step-//')"
 [ "$(echo "$saved" | wc -w)" -eq 1 ] || fail "job B left checkpoints '$saved', not one"
 [ "$saved" -lt "$steps" ] || fail "job B ran to the end (step $saved) before the signal took effect"
 say "job B: stopped after step $saved with one checkpoint; requeueing"
-scontrol requeue "$b"
-# A requeued job is held back until 2 minutes after it ended (slurmctld's fixed requeue
-# delay); it may start now.
-for _ in $(seq 100); do
-  [ "$(job_field "$b" JobState)" = PENDING ] && scontrol update JobId="$b" StartTime=now 2>/dev/null && break
-  sleep 0.1
+# A requeue right after the job ended can reach a node that still holds the old run's revoked
+# credential ("Job credential revoked": the batch script never starts). Wait for both nodes
+# to be idle, and requeue again (at most 3 times) when a run did not start.
+for attempt in 1 2 3; do
+  for _ in $(seq 100); do
+    [ "$(sinfo -h -N -o '%T' | grep -c '^idle$')" -eq 2 ] && break
+    sleep 0.1
+  done
+  lines=$(wc -l <B.out)
+  scontrol requeue "$b"
+  # A requeued job is held back until 2 minutes after it ended (slurmctld's fixed requeue
+  # delay); it may start now.
+  for _ in $(seq 100); do
+    [ "$(job_field "$b" JobState)" = PENDING ] && scontrol update JobId="$b" StartTime=now 2>/dev/null && break
+    sleep 0.1
+  done
+  st="$(wait_job "$b" "$attempt")" || true
+  [ "$st" = COMPLETED ] || [ "$(wc -l <B.out)" -gt "$lines" ] && break
+  say "the requeued run did not start ($st: $(grep -o 'Killing non-startable.*' "$dir/slurmctld.log" | tail -1)); requeueing again"
 done
-st="$(wait_job "$b" 1)" || true
 [ "$st" = COMPLETED ] || fail "requeued job B ended $st (exit $(job_field "$b" ExitCode))"
 grep -q "resumed from .*step-$saved at step $saved" B.out || fail "the requeued job did not resume from step-$saved"
 
