@@ -183,6 +183,11 @@ class Model {
     block_done_ = std::move(fn);
   }
   void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
+  // The optimizer has updated the fp32 masters in place. at::_fused_adamw_ does not bump the
+  // version counters of the tensors it writes, so without this the compute-dtype casts
+  // weight() keeps would go stale and every forward would see the first step's weights.
+  // train_step calls it after each optimizer step.
+  void weights_updated() { ++weights_generation_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // Activation checkpointing: recompute block i in backward when recompute_block(i).
   void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
@@ -231,9 +236,11 @@ class Model {
   // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
   struct CachedCast {
     at::Tensor cast, master;  // master: the parameter tensor it was cast from
-    int64_t version = -1;
+    int64_t version = -1;     // the master's version counter then (in-place writes, loads)
+    uint64_t generation = 0;  // weights_generation_ then (optimizer steps)
   };
   mutable std::vector<CachedCast> cast_cache_;
+  uint64_t weights_generation_ = 1;
 
  private:
   std::vector<std::vector<int64_t>> block_params_;
