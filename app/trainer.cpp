@@ -355,6 +355,41 @@ void Trainer::log_plan() const {
            std::to_string(sched_->decay_steps()) + " (" + cfg_.lr_scheduler.decay_type + ")");
 }
 
+// Each rank reads the checkpoint rows it holds, so a corrupt shard fails only the ranks that
+// read it. A rank that stopped alone would leave the others waiting in the next collective
+// until the timeout; instead every rank reports to the store and waits for all, and when any
+// failed they all stop with the first message (docs/checkpointing.md).
+std::string Trainer::load_checkpoint_agreed() {
+  std::string what, error;
+  try {
+    what = ckpt_->load(state_);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (!pg_) {
+    if (!error.empty()) throw UserError(error);
+    return what;
+  }
+  if (!error.empty() && pg_->store_add("checkpoint/load/failed", 1) == 1)
+    pg_->store_set("checkpoint/load/error",
+                   "rank " + std::to_string(launch_.rank) + ": " + error);
+  pg_->store_add("checkpoint/load/done", 1);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(cfg_.comm.init_timeout_seconds);
+  while (pg_->store_add("checkpoint/load/done", 0) < launch_.world_size) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw UserError("checkpoint load: not every rank finished loading within "
+                      "comm.init_timeout_seconds = " +
+                      std::to_string(cfg_.comm.init_timeout_seconds));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!error.empty()) throw UserError(error);
+  if (pg_->store_add("checkpoint/load/failed", 0) > 0)
+    throw UserError("checkpoint load failed on another rank, so every rank stops: " +
+                    pg_->store_get("checkpoint/load/error"));
+  return what;
+}
+
 void Trainer::resume() {
   // Sharded parameters are written by every rank of the first replica and resharded on load
   // from the dim-0 ranges in metadata.json.
@@ -380,7 +415,7 @@ void Trainer::resume() {
     loader_->load_state(LoaderState::from_json(j, ckpt_->root()));
   };
   if (cfg_.checkpoint.enable && !hf_init_ && !cfg_.checkpoint.create_seed_checkpoint) {
-    std::string what = ckpt_->load(state_);
+    std::string what = load_checkpoint_agreed();
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt_->root() + ", starting fresh" : what));
   }

@@ -55,6 +55,7 @@ class Trainer {
   void setup_compile();
   void log_plan() const;
   void resume();
+  std::string load_checkpoint_agreed();  // ckpt_->load on every rank, failing together
   // ---- the loop
   int train_loop();
   std::vector<MicroBatch> next_micro_batches();

@@ -17,7 +17,7 @@ say() { echo "[setup] $*"; }
 
 # ---- Debian packages -------------------------------------------------------------------
 missing=()
-for p in $DEBIAN_BUILD_PACKAGES; do
+for p in $DEBIAN_BUILD_PACKAGES ${DEBIAN_TEST_PACKAGES:-}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then

@@ -23,6 +23,9 @@ MmapFile::MmapFile(const std::string& path) : path_(path) {
     throw UserError("data file '" + path + "': is not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+  mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
@@ -41,7 +44,10 @@ MmapFile::~MmapFile() { release(); }
 MmapFile::MmapFile(MmapFile&& o) noexcept
     : path_(std::move(o.path_)),
       data_(std::exchange(o.data_, nullptr)),
-      size_(std::exchange(o.size_, 0)) {}
+      size_(std::exchange(o.size_, 0)),
+      dev_(o.dev_),
+      ino_(o.ino_),
+      mtime_ns_(o.mtime_ns_) {}
 
 MmapFile& MmapFile::operator=(MmapFile&& o) noexcept {
   if (this != &o) {
@@ -49,6 +55,7 @@ MmapFile& MmapFile::operator=(MmapFile&& o) noexcept {
     path_ = std::move(o.path_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    dev_ = o.dev_, ino_ = o.ino_, mtime_ns_ = o.mtime_ns_;
   }
   return *this;
 }
@@ -57,6 +64,19 @@ void MmapFile::release() {
   if (data_) ::munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+std::string MmapFile::changed_since_open() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0)
+    return std::string("cannot be checked any more (") + std::strerror(errno) + ")";
+  if (st.st_dev != dev_ || st.st_ino != ino_) return "";  // replaced: we still map the old file
+  if (static_cast<size_t>(st.st_size) != size_)
+    return "is " + std::to_string(st.st_size) + " bytes now, was " + std::to_string(size_) +
+           " when opened (truncated or appended to)";
+  if (int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec != mtime_ns_)
+    return "was modified after it was opened (overwritten in place?)";
+  return "";
 }
 
 void MmapFile::advise_random() const {

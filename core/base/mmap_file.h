@@ -25,6 +25,13 @@ class MmapFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // "" while the file at path() is the one mapped, unchanged since the mapping: same size
+  // and modification time, or replaced by another file (a rename: the mapping still holds
+  // the old one, whose pages stay valid). Otherwise what changed ("is 100 bytes now, was
+  // 4096 when opened"): a truncated file would raise SIGBUS on its lost pages, an
+  // overwritten one gives other tokens. One stat() of the path.
+  std::string changed_since_open() const;
+
   // Little-endian scalar at a byte offset (any alignment). The caller bounds-checks.
   template <class T>
   T load(size_t offset) const {
@@ -45,6 +52,8 @@ class MmapFile {
   std::string path_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;
+  int64_t mtime_ns_ = 0;
 };
 
 }  // namespace titan

@@ -1,10 +1,13 @@
 #include "core/checkpoint/checkpoint.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
 
+#include "core/base/crc32c.h"
 #include "core/base/durable_io.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
@@ -26,6 +29,81 @@ json read_json(const fs::path& p) {
   if (j.is_discarded() || !j.is_object())
     throw UserError("checkpoint file '" + p.string() + "': not a JSON object (corrupt?)");
   return j;
+}
+
+// CRC32C and size of a whole file, read in 4 MiB pieces.
+std::pair<uint32_t, uint64_t> file_crc32c(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw UserError("checkpoint file '" + path + "': cannot be opened");
+  std::vector<char> buf(size_t{4} << 20);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0; bytes += n)
+    crc = crc32c_extend(crc, buf.data(), n);
+  const bool err = std::ferror(f);
+  std::fclose(f);
+  if (err) throw UserError("checkpoint file '" + path + "': read error");
+  return {crc, bytes};
+}
+
+// A non-negative integer of metadata.json (below 2^62, so sums and products of two stay in
+// int64), or -1.
+int64_t meta_count(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() < (uint64_t{1} << 62) ? v.get<int64_t>() : -1;
+  if (v.is_number_integer()) return v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 62) ? v.get<int64_t>() : -1;
+  return -1;
+}
+
+// A shard's file name: a plain name inside the step folder, never a path out of it.
+bool plain_file_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
+         n.find('\0') == std::string::npos;
+}
+
+// metadata.json is a file a user can edit or damage: every field the reader relies on is
+// checked here once, so that the reader can trust it. Throws UserError naming the file and
+// the tensor.
+void check_tensor_meta(const std::string& key, const json& t, const std::string& where) {
+  auto bad = [&](const std::string& what) {
+    throw UserError(where + ": tensor \"" + key + "\" " + what + " (corrupt or edited?)");
+  };
+  if (!t.is_object() || !t.contains("shape") || !t["shape"].is_array() || !t.contains("shards") ||
+      !t["shards"].is_array() || !t.contains("dtype") || !t["dtype"].is_string())
+    bad("needs \"shape\" (a list), \"dtype\" (a string) and \"shards\" (a list)");
+  int64_t numel = 1;
+  for (const json& d : t["shape"]) {
+    const int64_t n = meta_count(d);
+    if (n < 0 || __builtin_mul_overflow(numel, n, &numel) || numel >= (int64_t{1} << 62))
+      bad("has shape " + t["shape"].dump() + "; allowed: non-negative sizes, fewer than 2^62 elements");
+  }
+  const bool scalar = t["shape"].empty();
+  const int64_t rows = scalar ? 1 : t["shape"][0].get<int64_t>();
+  for (const json& sh : t["shards"]) {
+    if (!sh.is_object() || !sh.contains("file") || !sh["file"].is_string() ||
+        !plain_file_name(sh["file"].get<std::string>()) || !sh.contains("key") ||
+        !sh["key"].is_string() || !sh.contains("dim0_offset") || !sh.contains("dim0_rows"))
+      bad("has shard " + sh.dump() +
+          "; allowed: {\"file\": a file name in the folder, \"key\", \"dim0_offset\", \"dim0_rows\"}");
+    const int64_t off = meta_count(sh["dim0_offset"]), n = meta_count(sh["dim0_rows"]);
+    if (off < 0 || n < 0 || off + n > rows || (scalar && (off != 0 || n != 1)))
+      bad("has shard " + sh.dump() + " outside its " + std::to_string(rows) + " rows");
+  }
+}
+
+void check_metadata(const json& meta, const std::string& path) {
+  const std::string where = "checkpoint file '" + path + "'";
+  if (!meta.contains("tensors") || !meta["tensors"].is_object())
+    throw UserError(where + ": has no \"tensors\" map");
+  for (auto& [key, t] : meta["tensors"].items()) check_tensor_meta(key, t, where);
+  if (!meta.contains("files")) return;  // checkpoints written before the CRCs
+  if (!meta["files"].is_object())
+    throw UserError(where + ": \"files\" is not a map of file name to CRC (corrupt or edited?)");
+  for (auto& [name, f] : meta["files"].items())
+    if (!plain_file_name(name) || !f.is_object() || !f.contains("crc32c") || !f.contains("bytes") ||
+        meta_count(f["crc32c"]) < 0 || meta_count(f["crc32c"]) > 0xffffffffll ||
+        meta_count(f["bytes"]) < 0)
+      throw UserError(where + ": \"files\" entry \"" + name + "\" is " + f.dump() +
+                      "; allowed: {\"crc32c\": a 32-bit count, \"bytes\": a count} (corrupt or edited?)");
 }
 
 }  // namespace
@@ -91,9 +169,12 @@ void CheckpointWriter::write(const CheckpointSnapshot& s) {
                        {"dim0_offset", e.dim0_offset},
                        {"dim0_rows", e.t.dim() == 0 ? 1 : e.t.size(0)}};
       }
-      save_safetensors((tmp / rank_file(group_.rank)).string(), tensors,
-                       {{"format", "titan-train checkpoint 1"}});
-      write_file_durable((tmp / (rank_file(group_.rank) + ".json")).string(), part.dump());
+      const std::string file = (tmp / rank_file(group_.rank)).string();
+      save_safetensors(file, tensors, {{"format", "titan-train checkpoint 1"}});
+      // The file's CRC32C, read back from the page cache: a later load names a damaged shard.
+      const auto [crc, bytes] = file_crc32c(file);
+      json doc = {{"tensors", part}, {"crc32c", crc}, {"bytes", bytes}};
+      write_file_durable((tmp / (rank_file(group_.rank) + ".json")).string(), doc.dump());
     }
     if (group_.counter && group_.writes) group_.counter(key + "/written", 1);
     if (group_.rank == 0) finalize(tmp.string(), s);
@@ -126,15 +207,18 @@ void CheckpointWriter::finalize(const std::string& tmp_dir, const CheckpointSnap
   meta["world_size"] = world_;
   json& tensors = meta["tensors"];
   tensors = json::object();
+  json& files = meta["files"];
+  files = json::object();
   std::vector<fs::path> parts;
   for (auto& e : fs::directory_iterator(tmp))
     if (e.path().extension() == ".json" && e.path().filename().string().rfind("rank-", 0) == 0)
       parts.push_back(e.path());
   std::sort(parts.begin(), parts.end());
   for (auto& pp : parts) {
-    json part = read_json(pp);
+    json doc = read_json(pp);
     const std::string file = pp.stem().string();  // rank-RRRRR.safetensors
-    for (auto& [name, e] : part.items()) {
+    files[file] = {{"crc32c", doc["crc32c"]}, {"bytes", doc["bytes"]}};
+    for (auto& [name, e] : doc["tensors"].items()) {
       json& t = tensors[name];
       if (!t.contains("shape")) {
         t["shape"] = e["shape"];
@@ -198,9 +282,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
   const fs::path d(dir_);
   meta_ = read_json(d / "metadata.json");
   train_state_ = read_json(d / "train_state.json");
-  if (!meta_.contains("tensors") || !meta_["tensors"].is_object())
-    throw UserError("checkpoint file '" + (d / "metadata.json").string() +
-                    "': has no \"tensors\" map");
+  check_metadata(meta_, (d / "metadata.json").string());
 }
 
 bool CheckpointReader::contains(const std::string& key) const {
@@ -217,9 +299,21 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> CheckpointReader::keys
 
 SafetensorsFile& CheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
-  if (it == files_.end())
-    it = files_.emplace(name, SafetensorsFile::open((fs::path(dir_) / name).string())).first;
-  return it->second;
+  if (it != files_.end()) return it->second;
+  const std::string path = (fs::path(dir_) / name).string();
+  if (meta_.contains("files") && meta_["files"].contains(name)) {
+    const json& want = meta_["files"][name];
+    const auto [crc, bytes] = file_crc32c(path);
+    if (crc != want["crc32c"].get<uint32_t>() || bytes != want["bytes"].get<uint64_t>()) {
+      char got[64], rec[64];
+      std::snprintf(got, sizeof got, "CRC32C %08x, %llu bytes", crc, static_cast<unsigned long long>(bytes));
+      std::snprintf(rec, sizeof rec, "CRC32C %08x, %llu bytes", want["crc32c"].get<uint32_t>(),
+                    static_cast<unsigned long long>(want["bytes"].get<uint64_t>()));
+      throw UserError("checkpoint '" + dir_ + "': shard " + name + " is corrupt: it has " + got +
+                      " but metadata.json recorded " + rec + " when it was saved");
+    }
+  }
+  return files_.emplace(name, SafetensorsFile::open(path)).first->second;
 }
 
 std::optional<std::pair<at::Tensor, std::vector<int64_t>>> CheckpointReader::fetch_rows(
@@ -229,7 +323,7 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> CheckpointReader::fet
   auto shape = e["shape"].get<std::vector<int64_t>>();
   const int64_t rows = shape.empty() ? 1 : shape[0];
   if (count < 0) count = rows - begin;
-  if (count == 0) {  // no rows of this tensor on this rank
+  if (count == 0 && !shape.empty()) {  // no rows of this tensor on this rank
     std::vector<int64_t> empty_shape = shape;
     empty_shape[0] = 0;
     return std::make_pair(at::empty(empty_shape), shape);
@@ -242,6 +336,12 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> CheckpointReader::fet
     if (lo >= hi) continue;
     at::Tensor t = file(sh["file"].get<std::string>()).get(sh["key"].get<std::string>());
     const int64_t got = t.dim() == 0 ? 1 : t.size(0);
+    if ((t.dim() == 0) != shape.empty() ||
+        (!shape.empty() && !std::equal(shape.begin() + 1, shape.end(), t.sizes().begin() + 1,
+                                       t.sizes().end())))
+      throw UserError("checkpoint '" + dir_ + "': shard " + sh["key"].get<std::string>() + " in " +
+                      sh["file"].get<std::string>() + " has shape " + shape_str(t.sizes()) +
+                      " but metadata.json says rows of " + shape_str(shape) + " for " + key);
     if (got != n)
       throw UserError("checkpoint '" + dir_ + "': shard " + sh["key"].get<std::string>() + " in " +
                       sh["file"].get<std::string>() + " has " + std::to_string(got) +

@@ -1,6 +1,8 @@
 #include "core/data/token_source.h"
 
 #include <glob.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <c10/util/Exception.h>
 
@@ -29,6 +31,49 @@ const char* token_format_name(TokenFormat f) {
 }
 
 namespace {
+
+// ---- A shard truncated under a read ---------------------------------------------------------
+// read() checks each shard's file before copying from its mapping, but a truncation between
+// the check and the copy still makes the lost pages raise SIGBUS. This handler turns that
+// into the same one-line error naming the file, exit 2, instead of a bare "Bus error".
+thread_local const std::string* t_reading = nullptr;
+
+void write_all(const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(2, p, n);
+    if (k <= 0) return;
+    p += k, n -= static_cast<size_t>(k);
+  }
+}
+
+void on_sigbus(int sig) {
+  if (const std::string* path = t_reading) {
+    static const char a[] = "titan-train: error: data file '";
+    static const char b[] = "': truncated while it was being read (SIGBUS); the data files of a run must not change while it trains\n";
+    write_all(a, sizeof a - 1);
+    write_all(path->data(), path->size());
+    write_all(b, sizeof b - 1);
+    ::_exit(kExitUserError);
+  }
+  ::signal(sig, SIG_DFL);  // not ours: the default action (a core dump)
+  ::raise(sig);
+}
+
+void install_sigbus_handler() {
+  static const bool once = [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, nullptr);
+    return true;
+  }();
+  (void)once;
+}
+
+struct ReadingGuard {
+  explicit ReadingGuard(const std::string& path) { t_reading = &path; }
+  ~ReadingGuard() { t_reading = nullptr; }
+};
 
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
@@ -389,6 +434,7 @@ int64_t TokenShard::doc_start(int64_t d) const {
 }
 
 std::shared_ptr<const TokenSource> TokenSource::open(const std::string& spec, int64_t vocab) {
+  install_sigbus_handler();
   auto src = std::shared_ptr<TokenSource>(new TokenSource());
   src->spec_ = spec;
   src->vocab_ = vocab;
@@ -438,17 +484,30 @@ void TokenSource::read(int64_t pos, int64_t n, int64_t* out) const {
     const Location loc = locate(pos);
     const TokenShard& s = *shards_[loc.shard];
     const int64_t take = std::min(n, s.num_tokens - loc.offset);
-    convert_tokens(s.dtype, s.file.data() + s.data_offset + loc.offset * s.item_size, take, out);
-    if (s.max_id < 0) {  // no header max: check this window's ids
-      const int64_t limit = vocab_ > 0 ? vocab_ : std::numeric_limits<int64_t>::max();
-      for (int64_t i = 0; i < take; ++i)
-        if (out[i] < 0 || out[i] >= limit)
-          throw UserError("data file '" + s.path + "': token id " + std::to_string(out[i]) +
-                          " at token offset " + std::to_string(loc.offset + i) +
-                          (vocab_ > 0 ? " is outside the model's vocabulary; allowed: 0.." +
+    // A shard changed under the run is an error naming it (docs/data.md "Files that change").
+    const std::string changed = s.file.changed_since_open();
+    if (!changed.empty())
+      throw UserError("data file '" + s.path + "': " + changed +
+                      "; the data files of a run must not change while it trains");
+    {
+      ReadingGuard reading(s.path);
+      convert_tokens(s.dtype, s.file.data() + s.data_offset + loc.offset * s.item_size, take, out);
+    }
+    // Every window's ids are checked, .tok v2 too: its header's max id was checked against
+    // the vocabulary at open, but a damaged token section can break that promise (a fuzz
+    // finding, docs/fuzzing.md), and an id past the embedding must not reach the model.
+    const int64_t vocab_limit = vocab_ > 0 ? vocab_ : std::numeric_limits<int64_t>::max();
+    const int64_t limit = s.max_id >= 0 ? std::min(vocab_limit, s.max_id + 1) : vocab_limit;
+    for (int64_t i = 0; i < take; ++i)
+      if (out[i] < 0 || out[i] >= limit)
+        throw UserError("data file '" + s.path + "': token id " + std::to_string(out[i]) +
+                        " at token offset " + std::to_string(loc.offset + i) +
+                        (out[i] >= 0 && out[i] < vocab_limit
+                             ? " is above the max id " + std::to_string(s.max_id) +
+                                   " its header records; the file is corrupt"
+                         : vocab_ > 0 ? " is outside the model's vocabulary; allowed: 0.." +
                                             std::to_string(vocab_ - 1)
                                       : " is negative; allowed: ids >= 0"));
-    }
     pos += take, n -= take, out += take;
   }
 }

@@ -4,6 +4,8 @@
 
 #include <signal.h>
 
+#include <fstream>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -196,6 +198,20 @@ TEST_CASE("checkpoint: bad checkpoints and failed saves exit 2 with a clear mess
   CHECK(Checkpointer::complete_steps(dir.file("r") + "/checkpoint") == std::vector<int64_t>{5});
   for (auto& e : fs::directory_iterator(dir.file("r") + "/checkpoint"))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  // One byte of a shard changed after the save: refused by its CRC32C, naming the shard.
+  const std::string shard5 = dir.file("r") + "/checkpoint/step-5/rank-00000.safetensors";
+  {
+    std::fstream f(shard5, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(shard5) / 2);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(at);
+    f.put(c);
+  }
+  r = test::run(cmd(base + " --training.steps 10"));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Contains("shard rank-00000.safetensors is corrupt") && Contains("CRC32C"));
   // A truncated shard names the file.
   const std::string shard = dir.file("r") + "/checkpoint/step-5/rank-00000.safetensors";
   fs::resize_file(shard, fs::file_size(shard) / 2);

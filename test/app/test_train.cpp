@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/data/token_source.h"
 #include "core/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -169,4 +170,33 @@ TEST_CASE("train: tokenize makes a .tok file that trains like the JSONL it came 
                        " --input " + dir.file("none.jsonl") + " --output " + dir.file("x.tok"));
   CHECK(bad.rc == 2);
   CHECK_THAT(bad.out, Contains("none.jsonl"));
+}
+
+TEST_CASE("train: a data shard truncated while training stops the run naming it", "[train]") {
+  // docs/data.md "Files that change": the next read of the shard after the truncation is an
+  // error naming the file (or, should the truncation land inside a copy, the SIGBUS handler
+  // says the same), exit 2.
+  test::TempDir dir("truncrun");
+  const std::string tok = dir.file("data.tok"), out = dir.file("out"), log = dir.file("log"),
+                    rc = dir.file("rc");
+  std::vector<int32_t> tokens(400000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7919 % 250);
+  write_tok_v2(tok, tokens, {0, 200000, 400000}, 256);
+  const auto shell = test::run(
+      "cd " + test::source_dir() + " && ( env -u RANK -u WORLD_SIZE " + test::binary() +
+      " --config configs/llama3_debug.toml --training.steps 3000 --training.seq_len 64 "
+      "--training.local_batch_size 2 --metrics.log_freq 1 --validation.enable false "
+      "--metrics.enable_tensorboard false --training.dataset_path " + tok +
+      " --job.dump_folder " + out + " > " + log + " 2>&1; echo $? > " + rc +
+      " ) > /dev/null 2>&1 & echo $!");
+  auto finished = [&] { return fs::exists(rc) && fs::file_size(rc) > 0; };
+  const bool started = test::wait_for(
+      [&] { return finished() || test::training_metrics(out + "/metrics.jsonl").size() >= 2; }, 120);
+  fs::resize_file(tok, 4096 + 2 * 1000);
+  const bool done = started && test::wait_for(finished, 120);
+  if (!done) test::run("pkill -P " + std::to_string(std::stoi(shell.out)));
+  INFO(test::read_file(log));
+  REQUIRE(done);
+  CHECK(std::stoi(test::read_file(rc)) == 2);
+  CHECK_THAT(test::read_file(log), Contains("data file '" + tok + "'") && Contains("must not change"));
 }

@@ -6,6 +6,8 @@
 
 #include <signal.h>
 
+#include <fstream>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -554,6 +556,44 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step with one che
   const std::string ck = dir.file("checkpoint") + "/step-" + std::to_string(steps[0]);
   CHECK(fs::exists(ck + "/rank-00000.safetensors"));
   CHECK(fs::exists(ck + "/rank-00001.safetensors"));
+}
+
+TEST_CASE("a corrupt shard of a 2-rank checkpoint stops both ranks at load, naming it",
+          "[dist][app][checkpoint]") {
+  // Rank 1's shard is damaged after the save. Ranks started by hand (no launcher that would
+  // kill the survivors): both must exit 2 with the shard's name, neither waiting for the
+  // other in a collective.
+  test::TempDir dir("corrupt2");
+  const std::string args = "--training.local_batch_size 2 --checkpoint.enable true "
+                           "--checkpoint.interval 3 --job.dump_folder " + dir.path.string();
+  auto r = torchrun_train(2, kSmall + args + " --training.steps 3");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const std::string shard = dir.file("checkpoint/step-3/rank-00001.safetensors");
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(shard) - 1);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get() ^ 0x55);
+    f.seekp(at);
+    f.put(c);
+  }
+  const int port = free_port(340);
+  Rank r0 = spawn_rank(0, 2, port, args + " --training.steps 6", dir.path.string());
+  Rank r1 = spawn_rank(1, 2, port, args + " --training.steps 6", dir.path.string());
+  const bool done = wait_for([&] { return r0.done() && r1.done(); }, 120);
+  if (!done) {
+    ::kill(r0.pid, SIGKILL);
+    ::kill(r1.pid, SIGKILL);
+  }
+  const std::string log0 = test::read_file(r0.log), log1 = test::read_file(r1.log);
+  INFO(log0);
+  INFO(log1);
+  REQUIRE(done);
+  CHECK(r0.rc() == 2);
+  CHECK(r1.rc() == 2);
+  CHECK_THAT(log1, Contains("shard rank-00001.safetensors is corrupt") && Contains("CRC32C"));
+  CHECK_THAT(log0, Contains("rank-00001.safetensors is corrupt"));
 }
 
 TEST_CASE("an async HSDP checkpoint is written by the first replica and resumes on 2 ranks",

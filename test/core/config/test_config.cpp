@@ -190,3 +190,18 @@ TEST_CASE("config: nearest valid name", "[config]") {
   CHECK(is_ignored_torchtitan_key("float8.anything"));
   CHECK_FALSE(is_ignored_torchtitan_key("training.steps"));
 }
+
+TEST_CASE("config: a control byte where a TOML key starts is a syntax error naming the line",
+          "[config]") {
+  // Found by test/fuzz/fuzz_config.cpp: toml++ asserts here in debug builds; the release
+  // build (ours) must give its parse error as a UserError.
+  using Catch::Matchers::Contains;
+  JobConfig c = default_config();
+  std::vector<std::string> w;
+  try {
+    apply_toml_string(c, "[training]\nsteps = 5\n\x02steps = 6\n", "bad.toml", w);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains("bad.toml:3") && Contains("TOML syntax error"));
+  }
+}

@@ -4,10 +4,13 @@
 // are integers: every comparison is exact. Bad files: one UserError line naming the file.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "core/base/errors.h"
 #include "core/data/token_source.h"
@@ -258,5 +261,84 @@ TEST_CASE("data: token ids at or above the vocabulary", "[data]") {
                                      std::to_string(loc.offset)));
       break;
     }
+  }
+}
+
+TEST_CASE("data: a shard truncated or overwritten after opening is an error naming it",
+          "[data]") {
+  // docs/data.md "Files that change": every read checks its shard's size and modification
+  // time; a file replaced by a rename is fine (the mapping keeps the old one).
+  test::TempDir dir("changed");
+  const std::string path = dir.file("a.tok");
+  std::vector<int32_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 250);
+  write_tok_v2(path, tokens, {0, 10000, 20000}, 256);
+  std::vector<int64_t> out(100);
+  {  // truncated
+    auto src = TokenSource::open(path, 256);
+    src->read(0, 100, out.data());
+    std::filesystem::resize_file(path, 4096 + 2 * 5000);
+    try {
+      src->read(15000, 100, out.data());
+      FAIL("no error");
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Contains(path) && Contains("bytes now") && Contains("must not change"));
+    }
+  }
+  write_tok_v2(path, tokens, {0, 10000, 20000}, 256);
+  {  // overwritten in place: same size, a later modification time
+    auto src = TokenSource::open(path, 256);
+    src->read(0, 100, out.data());
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(4096);
+      f.put('\x07');
+    }
+    struct timespec times[2] = {{0, UTIME_OMIT}, {time(nullptr) + 5, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+    try {
+      src->read(0, 100, out.data());
+      FAIL("no error");
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Contains(path) && Contains("modified after it was opened"));
+    }
+  }
+  {  // replaced by a rename: the old file stays mapped and reads on
+    auto src = TokenSource::open(path, 256);
+    write_tok_v2(path, std::vector<int32_t>(10, 1), {0, 10}, 256);  // temp file + rename
+    src->read(19900, 100, out.data());
+    CHECK(out[0] == 19900 % 250);
+  }
+}
+
+TEST_CASE("data: a .tok token above its header's max id is an error naming the file",
+          "[data]") {
+  // Found by test/fuzz/fuzz_token_source.cpp: the reader trusted the header's max id, so a
+  // damaged token (here 16391 in a file whose header says 299, vocabulary 300) reached the
+  // model's embedding.
+  test::TempDir dir("maxid");
+  const std::string path = dir.file("a.tok");
+  write_tok_v2(path, {1, 2, 3, 299, 0, 7, 9, 299}, {0, 3, 8}, 300);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 2 * 5);
+    const uint16_t bad = 16391;
+    f.write(reinterpret_cast<const char*>(&bad), 2);
+  }
+  auto src = TokenSource::open(path, 300);
+  std::vector<int64_t> out(8);
+  try {
+    src->read(0, 8, out.data());
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains(path) && Contains("token id 16391 at token offset 5") &&
+                             Contains("outside the model's vocabulary"));
+  }
+  auto wide = TokenSource::open(path, 65536);  // inside the vocabulary, above the header's max
+  try {
+    wide->read(0, 8, out.data());
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains("above the max id 299 its header records"));
   }
 }
