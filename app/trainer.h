@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
 
 namespace titan {
 
@@ -45,6 +47,9 @@ class Trainer {
   void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
+  void apply_tp();
+  void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
+                         int64_t steps) const;
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void load_hf_init();
   void setup_optimizer();
@@ -83,7 +88,10 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<FullyShardedDataParallel> sharded_;
   std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<TensorParallelGradSync> tp_sync_;
   GradSync* grad_sync_ = nullptr;
+  int64_t tp_ = 1;       // parallelism.tensor_parallel_degree
+  int64_t dp_rank_ = 0;  // this rank's data shard (the global rank / tp)
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LRSchedule> sched_;
 

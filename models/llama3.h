@@ -53,6 +53,7 @@ class Llama3 : public Model {
     int64_t attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
   };
   at::Tensor block(const at::Tensor& x, const std::vector<at::Tensor>& w) const;
+  void declare_tp_plan(const Llama3Args& a, int64_t ffn);
 
   Llama3Args args_;
   ModelInfo info_;

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -45,6 +47,19 @@ namespace {
 
 // Microseconds blocked on collectives, over every group (ProcessGroup::comm_wait_ms).
 std::atomic<int64_t> g_wait_us{0};
+
+// ProcessGroup::comm_counts, and the reduce-scatter on gloo that runs as an all-reduce (it
+// is counted once, as a reduce-scatter).
+std::mutex g_count_mu;
+std::map<std::string, ProcessGroup::CommCount> g_counts;
+thread_local bool g_in_reduce_scatter = false;
+
+void count_comm(const char* kind, const at::Tensor& t) {
+  std::lock_guard<std::mutex> lk(g_count_mu);
+  auto& c = g_counts[kind];
+  ++c.calls;
+  c.bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+}
 
 // Adds the lifetime of the scope to g_wait_us.
 class WaitTimer {
@@ -209,6 +224,7 @@ void ProcessGroup::start_training() {
 
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
   if (!impl_->backend) return;
+  count_comm("all-reduce", t);
   WaitTimer timer;
   try {
     std::vector<at::Tensor> v{t};
@@ -223,6 +239,7 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
 
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
   if (!impl_->backend) return;
+  count_comm("broadcast", t);
   WaitTimer timer;
   try {
     std::vector<at::Tensor> v{t};
@@ -258,6 +275,11 @@ void CommWork::wait() {
 
 double ProcessGroup::comm_wait_ms() { return static_cast<double>(g_wait_us.load()) / 1000.0; }
 
+std::map<std::string, ProcessGroup::CommCount> ProcessGroup::comm_counts() {
+  std::lock_guard<std::mutex> lk(g_count_mu);
+  return g_counts;
+}
+
 CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
                                  const std::string& what, std::function<void()> then) {
   const int64_t rank = impl_->global_rank;
@@ -288,6 +310,7 @@ CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
     out.view(in.sizes()).copy_(in);
     return {};
   }
+  count_comm("all-gather", out);
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
     c10::intrusive_ptr<c10d::Work> work;
@@ -309,6 +332,7 @@ CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
 
 CommWork ProcessGroup::allreduce_start(at::Tensor& t, ReduceOp op) {
   if (!impl_->backend) return {};
+  if (!g_in_reduce_scatter) count_comm("all-reduce", t);
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
@@ -331,11 +355,14 @@ CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
     out.copy_(in.view(out.sizes()));
     return {};
   }
+  count_comm("reduce-scatter", in);
   if (!impl_->cuda) {
     // gloo's reduce-scatter is an all-reduce plus a copy whose inner wait ignores timeouts
     // (a hung peer would hang us); the same all-reduce through our bounded path.
     at::Tensor flat = in.view({-1});
+    g_in_reduce_scatter = true;
     CommWork w = allreduce_start(flat, ReduceOp::Sum);
+    g_in_reduce_scatter = false;
     auto then = [out, flat, r = rank_]() mutable {
       out.view({-1}).copy_(flat.narrow(0, r * out.numel(), out.numel()));
     };
@@ -364,6 +391,7 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
     out.copy_(in);
     return;
   }
+  count_comm("all-to-all", in);
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
