@@ -200,11 +200,12 @@ static bool comm_overlap() {
 // the slices over the data-parallel ranks of each tp index.
 void Trainer::apply_tp() {
   if (tp_ == 1) return;
-  if (cfg_.checkpoint.enable || hf_init_)
+  const auto& cc = cfg_.checkpoint;
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
     throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
-                    " with checkpoint.enable = true: checkpoints of tensor-parallel slices are "
-                    "not written or resharded yet; allowed: tensor_parallel_degree = 1 or "
-                    "checkpoint.enable = false");
+                    " with checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face import "
+                    "and export of tensor-parallel slices are not implemented yet; allowed: "
+                    "tensor_parallel_degree = 1, or both false (native checkpoints work)");
   apply_tensor_parallel(*model_, *mesh_->tp_group);
 }
 
@@ -335,8 +336,9 @@ void Trainer::resume() {
   // from the dim-0 ranges in metadata.json.
   CheckpointGroup cg;
   cg.rank = launch_.rank;
-  cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0);
-  cg.writers = sharded_ ? mesh_->shard : 1;
+  cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0) ||
+              (tp_ > 1 && !sharded_ && dp_rank_ == 0);
+  cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
     cg.token = pg_->store_get("checkpoint/token");
