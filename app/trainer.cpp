@@ -206,7 +206,17 @@ void Trainer::apply_tp() {
                     " with checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face import "
                     "and export of tensor-parallel slices are not implemented yet; allowed: "
                     "tensor_parallel_degree = 1, or both false (native checkpoints work)");
+  if (cfg_.moe.seq_aux_loss_coeff > 0 && model_->num_experts() > 0)
+    throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
+                    " with moe.seq_aux_loss_coeff > 0: the sequence-wise balance loss needs whole "
+                    "sequences, and tensor parallelism routes sequence shards; allowed: "
+                    "seq_aux_loss_coeff = 0 under tensor parallelism");
   apply_tensor_parallel(*model_, *mesh_->tp_group);
+  if (cfg_.parallelism.expert_tensor_parallel_degree > 1 && model_->num_experts() > 0)
+    log_warn("parallelism.expert_tensor_parallel_degree = " +
+             std::to_string(cfg_.parallelism.expert_tensor_parallel_degree) +
+             ": the routed experts are not split over the tp ranks yet; each tp rank holds "
+             "them whole and runs its sequence shard through them (as etp = 1)");
 }
 
 void Trainer::parallelize() {

@@ -52,6 +52,7 @@ class Llama4 : public MoETransformer {
     std::vector<int64_t> w;  // attn_norm, wq, wk, wv, wo, ffn_norm, then w1, w2, w3 or MoE
   };
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
+  void declare_tp_plan(int64_t ffn);
 
   Llama4Args args_;
   ModelInfo info_;

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/base/errors.h"
+#include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
 #include "parallel/tensor_parallel.h"
@@ -75,9 +76,19 @@ TEST_CASE("a planted wrong tensor-parallel plan is refused naming the fault", "[
   }
 }
 
-TEST_CASE("models without a tensor-parallel plan refuse tp > 1 and accept tp 1", "[tp]") {
+TEST_CASE("llama4 splits attention and dense layers and keeps MoE layers whole; deepseek_v3 "
+          "declares no plan yet",
+          "[tp]") {
   DeferParams defer(true);
   Llama4 m(llama4_flavor("debugmodel"), at::kCPU);
-  CHECK_NOTHROW(check_tp_plan(m, 1));
-  CHECK_THROWS_WITH(check_tp_plan(m, 2), Contains("model llama4 declares no tensor-parallel plan"));
+  CHECK_NOTHROW(check_tp_plan(m, 2));
+  for (int64_t i : m.tp_plan().replicate) {
+    const std::string& n = m.params()[i].name;
+    INFO(n);
+    CHECK((n.find("norm") != std::string::npos || n.find(".moe.") != std::string::npos));
+  }
+  DeepSeekV3 d(deepseek_v3_flavor("debugmodel"), at::kCPU);
+  CHECK_NOTHROW(check_tp_plan(d, 1));
+  CHECK_THROWS_WITH(check_tp_plan(d, 2),
+                    Contains("model deepseek_v3 declares no tensor-parallel plan"));
 }
