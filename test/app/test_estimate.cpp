@@ -72,6 +72,13 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
   // x 8192 dims x 2 bytes (bf16) each.
   CHECK_THAT(r.out, Catch::Matchers::Contains("tensor parallel per step: 964 sequence-parallel "
                                               "collectives of 1.074e+09 bytes"));
+  // torchtitan's llama4_17bx16e.toml on 64 GPUs: per-rank memory printed.
+  auto l4 = estimate("--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
+                     "--gpu h100");
+  INFO(l4.out);
+  REQUIRE(l4.rc == 0);
+  CHECK_THAT(l4.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
+  CHECK(gib_of(l4.out, "total") > 0);
   // Training's overrides work here too, and TP 2 holds half of what 1 rank does.
   auto one = estimate("--config configs/llama3_debug.toml --world 1");
   auto two = estimate("--config configs/llama3_debug.toml --world 2 "

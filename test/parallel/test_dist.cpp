@@ -780,7 +780,7 @@ TEST_CASE("FSDP 2 from a Hugging Face folder of another model exits 2 naming the
   }
 }
 
-TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3 and llama4 over 4 steps",
+TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3, llama4, deepseek_v3",
           "[dist][app][tp]") {
   // The same global batch of 4 sequences: TP 2 is one dp rank (both tp ranks read the same
   // windows), FSDP 2 x TP 2 two dp ranks of 2 sequences. Sequence parallel on the norms,
@@ -799,8 +799,9 @@ TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3 and llama
       {"fsdp2xtp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2",
        0.25, "FSDP, dp_replicate 1 x dp_shard 2 x tp 2"},
   };
-  // llama4: attention and the dense layers split, the MoE layers whole on sequence shards.
-  for (const char* model : {"llama3", "llama4"}) {
+  // llama4 and deepseek_v3: attention (GQA, MLA) and the dense layers split, the MoE layers
+  // whole on sequence shards.
+  for (const char* model : {"llama3", "llama4", "deepseek_v3"}) {
    DYNAMIC_SECTION(model) {
     const std::string common =
         kSmall + "--training.steps 4 --debug.seed 3 --model.name " + model + " ";
@@ -821,7 +822,7 @@ TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3 and llama
       CHECK_THAT(r.out, Contains(l.describes));
       CHECK_THAT(r.out, Contains("tp 2 (sequence parallel)"));
       const double mem = memory_ratio(r.out);
-      if (std::string(model) == "llama3") {  // llama4's MoE layers are whole on each tp rank
+      if (std::string(model) == "llama3") {  // MoE layers are whole on each tp rank
         CHECK(mem >= l.memory * 0.999);
         CHECK(mem <= l.memory * 1.05);  // the norms are whole on every tp rank
       }
@@ -838,13 +839,15 @@ TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3 and llama
   }
 }
 
-TEST_CASE("tensor parallel on a model without a plan, or with a bad degree, exits 2 at start",
+TEST_CASE("a tensor-parallel degree the plan cannot split exits 2 at start naming the parameter",
           "[dist][app][tp]") {
-  auto r = torchrun_train(2, kSmall + "--training.steps 1 --model.name deepseek_v3 "
-                                      "--parallelism.tensor_parallel_degree 2");
+  // 3 ranks: tp 3 does not divide the debug model's 256 query rows.
+  auto r = torchrun_train(3, kSmall + "--training.steps 1 --training.seq_len 63 "
+                                      "--parallelism.tensor_parallel_degree 3");
   INFO(r.out);
-  CHECK(r.rc != 0);
-  CHECK_THAT(r.out, Contains("model deepseek_v3 declares no tensor-parallel plan"));
+  CHECK(r.rc != 0);  // torchrun reports a failed worker as 1; the worker's own status is 2
+  CHECK_THAT(r.out, Contains("parallelism.tensor_parallel_degree = 3: "
+                             "layers.0.attention.wq.weight [256, 256] is column-parallel"));
   auto b = torchrun_train(2, kSmall + "--training.steps 1 --parallelism.tensor_parallel_degree 2 "
                                       "--training.seq_len 63");
   INFO(b.out);

@@ -76,19 +76,22 @@ TEST_CASE("a planted wrong tensor-parallel plan is refused naming the fault", "[
   }
 }
 
-TEST_CASE("llama4 splits attention and dense layers and keeps MoE layers whole; deepseek_v3 "
-          "declares no plan yet",
+TEST_CASE("llama4 and deepseek_v3 split attention and dense layers and keep MoE layers whole",
           "[tp]") {
   DeferParams defer(true);
   Llama4 m(llama4_flavor("debugmodel"), at::kCPU);
-  CHECK_NOTHROW(check_tp_plan(m, 2));
-  for (int64_t i : m.tp_plan().replicate) {
-    const std::string& n = m.params()[i].name;
-    INFO(n);
-    CHECK((n.find("norm") != std::string::npos || n.find(".moe.") != std::string::npos));
-  }
   DeepSeekV3 d(deepseek_v3_flavor("debugmodel"), at::kCPU);
-  CHECK_NOTHROW(check_tp_plan(d, 1));
-  CHECK_THROWS_WITH(check_tp_plan(d, 2),
-                    Contains("model deepseek_v3 declares no tensor-parallel plan"));
+  for (const Model* model : {static_cast<const Model*>(&m), static_cast<const Model*>(&d)}) {
+    INFO(model->info().name);
+    CHECK_NOTHROW(check_tp_plan(*model, 2));
+    for (int64_t i : model->tp_plan().replicate) {
+      const std::string& n = model->params()[i].name;
+      INFO(n);
+      // Norms, MoE layers, and MLA's shared down-projections (wq_a, wkv_a).
+      CHECK((n.find("norm") != std::string::npos || n.find(".moe.") != std::string::npos ||
+             n.find("_a.weight") != std::string::npos));
+    }
+    for (int64_t i : model->tp_plan().row) CHECK_THAT(model->params()[i].name,
+                                                      Contains("wo") || Contains("w2"));
+  }
 }
