@@ -444,8 +444,9 @@ int Trainer::train_loop() {
   return 0;
 }
 
-// "=> collectives per step on this rank: all-gather 14 x 65.5 KiB avg (917 KiB), ...": the
-// counted traffic of the loop (logging's all-reduces included), for layout comparisons.
+// "=> collectives per step on this rank: all-gather 14.0 x 65.5 KiB; ... total 917.0 KiB per
+// step": the counted traffic of the loop (logging's all-reduces included), for layout
+// comparisons.
 void Trainer::log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                                 int64_t steps) const {
   if (!pg_ || steps <= 0) return;

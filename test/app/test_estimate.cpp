@@ -87,7 +87,7 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
   REQUIRE(two.rc == 0);
   const double p1 = gib_of(one.out, R"(parameters \(fp32 shards\))");
   const double p2 = gib_of(two.out, R"(parameters \(fp32, tp slices, FSDP shards\))");
-  CHECK(p2 >= 0.5 * p1);
+  CHECK(p2 >= 0.5 * p1 * 0.999);
   CHECK(p2 <= 0.5 * p1 * 1.01);
   auto big = estimate("--config configs/llama3_8b.toml --world 1024 --model.flavor 405B");
   INFO(big.out);
