@@ -1,10 +1,13 @@
-// titan-train: parse, build, run; maps user errors to exit status 2.
+// titan-train: parse, build, run; maps every error to one message and an exit status
+// (app/fatal.h: 2 bad input, 3 out of memory, 1 internal).
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "app/commands.h"
+#include "app/fatal.h"
 #include "core/config/config.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
@@ -18,6 +21,7 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   // Before any tensor exists: CPU runs report allocated and peak memory (core/telemetry/memory_stats.h).
   install_cpu_memory_counter();
+  std::optional<JobConfig> cfg;  // a copy for the out-of-memory hint, once read and checked
   try {
     if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
     for (int i = 1; i < argc; ++i) {
@@ -40,9 +44,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     validate_for_world(cli.cfg, launch.world_size);
+    cfg = cli.cfg;
+    maybe_plant_error();
     return run_train_command(cli.cfg, launch);
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "titan-train: error: %s\n", e.what());
-    return kExitUserError;
+  } catch (...) {
+    return report_current_exception(cfg ? &*cfg : nullptr);
   }
 }

@@ -3,25 +3,10 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/train/functional.h"
 
 namespace titan {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-// The step's one named host read, on logging steps only (StepOptions::time_phases): waits
-// for the device so the phase times are true. scripts/check_host_reads.py lists it.
-void wait_for_device(const at::Tensor& t) {
-  if (!t.is_cpu()) (void)t.cpu();
-}
-
-}  // namespace
 
 const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& fresh) {
   const bool same = bufs_.size() == fresh.size() &&
@@ -47,7 +32,10 @@ const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& 
 
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* grad_sync) {
-  const auto t0 = Clock::now();
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  mark(PhaseTimer::kStart);
   // The auxiliary loss of a micro-batch is a mean over its sequences; the step's is the
   // mean over all sequences of every rank, and the ranks' gradients are summed.
   const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
@@ -64,11 +52,9 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
       objective.backward();
       total = total.defined() ? total + loss.detach() : loss.detach();
     }
-    if (o.time_phases) wait_for_device(total);
   }
+  mark(PhaseTimer::kForwardBackwardDone);
   StepResult r;
-  r.fwdbwd_ms = ms_since(t0);
-  const auto t1 = Clock::now();
   {
     RECORD_USER_SCOPE("titan::optimizer");
     auto params = model.params().tensors();
@@ -82,9 +68,8 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
     opt.step(o.lr);
     opt.zero_grad();
     model.after_optimizer_step();
-    if (o.time_phases) wait_for_device(r.grad_norm);
   }
-  r.opt_ms = ms_since(t1);
+  mark(PhaseTimer::kOptimizerDone);
   r.loss = total;
   return r;
 }

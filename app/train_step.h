@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "app/phase_timer.h"
 #include "core/config/config.h"
 #include "core/train/grad_sync.h"
 #include "core/data/loader.h"
@@ -19,14 +20,12 @@ struct StepOptions {
   int64_t dp_degree = 1;     // data-parallel ranks whose gradients GradSync sums
   double lr = 0;
   double max_norm = 0;       // <= 0: measure the norm, do not clip
-  bool time_phases = false;  // CUDA: synchronize between the phases so their times are true
+  PhaseTimer* timer = nullptr;  // marks the phase boundaries (never synchronizes)
 };
 
 struct StepResult {
   at::Tensor loss;       // 0-d: this rank's summed token loss / global token count
   at::Tensor grad_norm;  // 0-d: global gradient norm before clipping
-  double fwdbwd_ms = 0;  // host time of forward+backward, and of clip+optimizer; exact on
-  double opt_ms = 0;     // CPU, and on CUDA when time_phases synchronizes between them
 };
 
 // The step's inputs in buffers allocated once and refilled with copy_ every step, so the
@@ -49,8 +48,8 @@ class StepInputs {
 // loss of the global batch plus the mean over its sequences of the model's auxiliary loss,
 // whatever the layout: each rank's share is divided by the global token count and by
 // (micro-batches x dp ranks) respectively, and `sync` sums the shares. Nothing here reads
-// device values unless time_phases asks for a synchronization between the phases (the log
-// steps): the loss and the norm stay on the device for the caller to read when it logs.
+// device values: the loss and the norm stay on the device for the caller to read when it
+// logs, and the phase times are events the caller reads then (PhaseTimer).
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* sync = nullptr);
 

@@ -71,11 +71,35 @@ int Trainer::run() {
 
 // ---- set-up ------------------------------------------------------------------------------
 
+namespace {
+
+// training.device -> whether this rank trains on CUDA. "auto" takes CUDA when a GPU is
+// visible. A LOCAL_RANK with no GPU of its own is a launch error (more ranks per node than
+// GPUs), never a silent fall back to GPU 0 or the CPU.
+bool resolve_cuda(const std::string& device, int64_t local_rank) {
+  if (device == "cpu") return false;
+  const int64_t gpus = cuda_device_count();
+  if (device == "cuda" && gpus == 0)
+    throw UserError("training.device = \"cuda\": no CUDA device is visible to this process "
+                    "(CUDA_VISIBLE_DEVICES='" + std::string(std::getenv("CUDA_VISIBLE_DEVICES")
+                    ? std::getenv("CUDA_VISIBLE_DEVICES") : "") + "'); allowed here: cpu, auto");
+  if (gpus == 0) return false;
+  if (local_rank >= gpus)
+    throw UserError("LOCAL_RANK " + std::to_string(local_rank) + " has no GPU: this node shows " +
+                    std::to_string(gpus) + " CUDA device(s) (0.." + std::to_string(gpus - 1) +
+                    "); start at most " + std::to_string(gpus) +
+                    " ranks per node, or train on the CPU with --training.device cpu");
+  return true;
+}
+
+}  // namespace
+
 void Trainer::setup_distributed() {
-  cuda_ = at::hasCUDA();
+  cuda_ = resolve_cuda(cfg_.training.device, launch_.local_rank);
   // Before any CUDA work: this rank's GPU is the current device for NCCL and every op.
   if (cuda_) cuda_set_device(static_cast<int>(launch_.local_rank));
   device_ = cuda_ ? at::Device(at::kCUDA, static_cast<int>(launch_.local_rank)) : at::kCPU;
+  phase_timer_ = std::make_unique<PhaseTimer>(cuda_);
   bf16_ = cuda_ && cfg_.training.mixed_precision_param == "bfloat16";
   if (cfg_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, false);
@@ -235,6 +259,12 @@ void Trainer::parallelize() {
                       "; allowed: a divisor of the expert count that divides the shard degree " +
                       std::to_string(d_.dp_shard));
     if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group));
+  } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
+             model_->num_experts() > 0) {
+    // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
+    // collectives can be checked on a single GPU (scripts/gpu_check.sh).
+    model_->set_expert_exchange(make_expert_exchange(*mesh_->world));
+    log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
   }
   if (fsdp_) {
     FsdpOptions fo;
@@ -399,12 +429,10 @@ int Trainer::train_loop() {
     const std::vector<MicroBatch>& micro = inputs_.stage(next_micro_batches());
     data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
-    o.time_phases = log;
-    const double wait0 = ProcessGroup::comm_wait_ms();
+    o.timer = phase_timer_.get();
+    ProcessGroup::count_comm_waits(true);
     StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
-    comm_wait_ms_ += ProcessGroup::comm_wait_ms() - wait0;
-    fwdbwd_ms_ += r.fwdbwd_ms;
-    opt_ms_ += r.opt_ms;
+    ProcessGroup::count_comm_waits(false);
     tokens_since_log_ +=
         cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len;
     if (step == first_step) {
@@ -491,7 +519,12 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   m.tps = static_cast<double>(tokens_since_log_) / secs;
   m.tflops =
       m.tps * static_cast<double>(model_->info().flops_per_token(cfg_.training.seq_len)) / 1e12;
-  const double peak = cuda_ ? peak_flops_for_device(cuda_device_info(device_.index()).name) : 0;
+  // The peak of the math the GEMMs run in: bf16 compute, else fp32 (TF32 if cuBLAS may use it).
+  const PeakMath math = bf16_ ? PeakMath::BF16
+                        : at::globalContext().allowTF32CuBLAS() ? PeakMath::TF32
+                                                                : PeakMath::FP32;
+  const double peak =
+      cuda_ ? peak_flops_for_device(cuda_device_info(device_.index()).name, math) : 0;
   m.mfu = peak > 0 ? 100.0 * m.tflops * 1e12 / peak : -1;
   const MemoryStats mem = cuda_ ? cuda_memory_stats(device_.index()) : cpu_memory_stats();
   m.memory_gib = static_cast<double>(mem.allocated) / (1 << 30);
@@ -503,11 +536,14 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     cuda_reset_memory_peak(device_.index());
   else
     reset_cpu_memory_peak();
-  const double steps_in = static_cast<double>(step == 1 ? 1 : cfg_.metrics.log_freq);
+  // Every step is timed the same way (PhaseTimer); the line shows the mean per step since
+  // the last line. The host has just waited for the loss, so reading the events costs nothing.
+  const PhaseTimer::Totals phases = phase_timer_->take();
+  const double steps_in = static_cast<double>(std::max<int64_t>(phases.steps, 1));
   m.data_ms = data_ms_ / steps_in;
-  m.fwdbwd_ms = fwdbwd_ms_ / steps_in;
-  m.opt_ms = opt_ms_ / steps_in;
-  m.comm_wait_ms = comm_wait_ms_ / steps_in;
+  m.fwdbwd_ms = phases.fwdbwd_ms / steps_in;
+  m.opt_ms = phases.opt_ms / steps_in;
+  m.comm_wait_ms = ProcessGroup::take_comm_wait_ms() / steps_in;
   m.extra = model_->extra_metrics();
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {
@@ -517,7 +553,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   }
   t_last_log_ = Clock::now();
   tokens_since_log_ = 0;
-  data_ms_ = fwdbwd_ms_ = opt_ms_ = comm_wait_ms_ = 0;
+  data_ms_ = 0;
   return true;
 }
 

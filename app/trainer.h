@@ -105,7 +105,8 @@ class Trainer {
   // Accumulated since the last log line.
   Clock::time_point t_last_log_;
   int64_t tokens_since_log_ = 0;
-  double data_ms_ = 0, fwdbwd_ms_ = 0, opt_ms_ = 0, comm_wait_ms_ = 0;
+  double data_ms_ = 0;  // host time the steps waited for data, since the last log line
+  std::unique_ptr<PhaseTimer> phase_timer_;  // forward+backward and optimizer time per step
 };
 
 }  // namespace titan

@@ -49,6 +49,12 @@ separate_arguments(TITAN_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 # was built with. Prefer the wheel's nvidia-nccl headers over the toolkit's.
 find_path(TITAN_NCCL_INCLUDE nccl.h
   PATHS ${TITAN_TORCH_ROOT}/../nvidia/nccl/include /usr/local/cuda/include NO_DEFAULT_PATH)
+if(TITAN_NCCL_INCLUDE)
+  file(STRINGS ${TITAN_NCCL_INCLUDE}/nccl.h _titan_nccl_v REGEX "#define NCCL_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE "[^0-9;]" "" _titan_nccl_v "${_titan_nccl_v}")
+  string(REPLACE ";" "." _titan_nccl_v "${_titan_nccl_v}")
+  message(STATUS "nccl.h ${_titan_nccl_v} from ${TITAN_NCCL_INCLUDE}")
+endif()
 
 # The wheel's libraries find their CUDA dependencies through their own RUNPATH; on a
 # machine without a GPU the linker only needs to see them.

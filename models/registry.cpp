@@ -25,16 +25,25 @@ int64_t model_vocab_size(const JobConfig& cfg) {
 std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool defer_params) {
   DeferParams defer(defer_params);
   std::unique_ptr<Model> m;
+  // model.n_layers > 0 keeps the flavor's width and truncates (or extends) its depth:
+  // benchmarks of a large flavor's real layers on one device.
+  auto depth = [&cfg](int64_t flavor_layers) {
+    return cfg.model.n_layers > 0 ? cfg.model.n_layers : flavor_layers;
+  };
   if (cfg.model.name == "llama3") {
-    m = std::make_unique<Llama3>(llama3_flavor(cfg.model.flavor), device);
+    Llama3Args a = llama3_flavor(cfg.model.flavor);
+    a.n_layers = depth(a.n_layers);
+    m = std::make_unique<Llama3>(a, device);
   } else if (cfg.model.name == "llama4") {
     Llama4Args a = llama4_flavor(cfg.model.flavor);
+    a.n_layers = depth(a.n_layers);
     // Like torchtitan's update_from_config: the RoPE table covers the run's sequences.
     a.max_seq_len = run_max_seq_len(cfg);
     configure_moe(a.moe, cfg, device);
     m = std::make_unique<Llama4>(a, device);
   } else if (cfg.model.name == "deepseek_v3") {
     DeepSeekV3Args a = deepseek_v3_flavor(cfg.model.flavor);
+    a.n_layers = depth(a.n_layers);
     // As torchtitan: YaRN and its softmax mscale apply when the run's sequences are longer
     // than original_seq_len.
     a.max_seq_len = run_max_seq_len(cfg);

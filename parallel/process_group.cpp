@@ -4,7 +4,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define TITAN_PG_CUDA_EVENTS 1
 #endif
 
 #include <algorithm>
@@ -45,8 +49,21 @@ namespace {
   std::_Exit(1);
 }
 
-// Microseconds blocked on collectives, over every group (ProcessGroup::comm_wait_ms).
+// Time compute waited for collectives while counting is on (ProcessGroup::count_comm_waits):
+// host microseconds blocked in gloo waits, and on NCCL a pair of CUDA events around each wait
+// on the compute stream, whose distance is how long that stream stalled for the collective.
+std::atomic<bool> g_counting{false};
 std::atomic<int64_t> g_wait_us{0};
+#ifdef TITAN_PG_CUDA_EVENTS
+struct CudaWaits {
+  std::vector<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> pairs;  // reused
+  size_t used = 0;
+};
+CudaWaits& cuda_waits() {
+  static CudaWaits w;  // collectives are issued from the training thread only
+  return w;
+}
+#endif
 
 // ProcessGroup::comm_counts, and the reduce-scatter on gloo that runs as an all-reduce (it
 // is counted once, as a reduce-scatter).
@@ -61,17 +78,43 @@ void count_comm(const char* kind, const at::Tensor& t) {
   c.bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
 }
 
-// Adds the lifetime of the scope to g_wait_us.
+// Adds the time of its scope to the wait total (see above), when counting.
 class WaitTimer {
  public:
-  WaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+  explicit WaitTimer(bool cuda) : on_(g_counting.load()), cuda_(cuda) {
+    if (!on_) return;
+#ifdef TITAN_PG_CUDA_EVENTS
+    if (cuda_) {
+      // Timing events cannot go into a captured graph: a captured step is not measured.
+      if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+        on_ = false;
+        return;
+      }
+      auto& w = cuda_waits();
+      if (w.used == w.pairs.size())
+        w.pairs.emplace_back(at::cuda::CUDAEvent(cudaEventDefault), at::cuda::CUDAEvent(cudaEventDefault));
+      w.pairs[w.used].first.record(at::cuda::getCurrentCUDAStream());
+      return;
+    }
+#endif
+    t0_ = std::chrono::steady_clock::now();
+  }
   ~WaitTimer() {
+    if (!on_) return;
+#ifdef TITAN_PG_CUDA_EVENTS
+    if (cuda_) {
+      auto& w = cuda_waits();
+      w.pairs[w.used++].second.record(at::cuda::getCurrentCUDAStream());
+      return;
+    }
+#endif
     g_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(
                      std::chrono::steady_clock::now() - t0_)
                      .count();
   }
 
  private:
+  bool on_, cuda_;
   std::chrono::steady_clock::time_point t0_;
 };
 
@@ -225,7 +268,7 @@ void ProcessGroup::start_training() {
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
   if (!impl_->backend) return;
   count_comm("all-reduce", t);
-  WaitTimer timer;
+  WaitTimer timer(impl_->cuda);
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
@@ -240,7 +283,7 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
   if (!impl_->backend) return;
   count_comm("broadcast", t);
-  WaitTimer timer;
+  WaitTimer timer(impl_->cuda);
   try {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
@@ -254,7 +297,7 @@ void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
 
 void ProcessGroup::barrier() {
   if (!impl_->backend) return;
-  WaitTimer timer;
+  WaitTimer timer(impl_->cuda);
   try {
     impl_->backend->barrier()->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {
@@ -269,11 +312,22 @@ void CommWork::wait() {
   auto w = std::move(wait_);
   wait_ = nullptr;
   ready_ = nullptr;
-  WaitTimer timer;
+  WaitTimer timer(cuda_);
   w();
 }
 
-double ProcessGroup::comm_wait_ms() { return static_cast<double>(g_wait_us.load()) / 1000.0; }
+void ProcessGroup::count_comm_waits(bool on) { g_counting = on; }
+
+double ProcessGroup::take_comm_wait_ms() {
+  double ms = static_cast<double>(g_wait_us.exchange(0)) / 1000.0;
+#ifdef TITAN_PG_CUDA_EVENTS
+  auto& w = cuda_waits();
+  if (w.used > 0) w.pairs[w.used - 1].second.synchronize();
+  for (size_t i = 0; i < w.used; ++i) ms += w.pairs[i].first.elapsed_time(w.pairs[i].second);
+  w.used = 0;
+#endif
+  return ms;
+}
 
 std::map<std::string, ProcessGroup::CommCount> ProcessGroup::comm_counts() {
   std::lock_guard<std::mutex> lk(g_count_mu);
@@ -287,6 +341,7 @@ CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
   // enforces the timeout); a bounded wait would block the host. gloo: bounded.
   const auto timeout = impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout;
   CommWork w;
+  w.cuda_ = impl_->cuda;
   w.ready_ = [work] { return work->isCompleted(); };
   w.wait_ = [work, rank, timeout, what, then = std::move(then)] {
     try {
@@ -395,7 +450,7 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
-    WaitTimer timer;
+    WaitTimer timer(impl_->cuda);
     impl_->backend->alltoall_base(out, src, os, is)
         ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
   } catch (const std::exception& e) {

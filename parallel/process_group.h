@@ -42,6 +42,7 @@ class CommWork {
   friend class ProcessGroup;
   std::function<bool()> ready_;
   std::function<void()> wait_;
+  bool cuda_ = false;  // NCCL: its wait is timed with CUDA events
 };
 
 class ProcessGroup {
@@ -91,11 +92,14 @@ class ProcessGroup {
   // copy of this rank's chunk of it, written by the wait.
   CommWork reduce_scatter_start(at::Tensor& out, at::Tensor& in);
 
-  // Milliseconds this process has spent blocked on collectives (blocking calls, and the
-  // part of CommWork::wait that found the collective unfinished), summed over every group
-  // since the start: the communication that compute did not hide. Host time: on NCCL the
-  // waits do not block the host, so there it counts only host-side collectives.
-  static double comm_wait_ms();
+  // The communication that compute did not hide: milliseconds compute waited at collectives
+  // (blocking calls and CommWork::wait), over every group, while counting is on. gloo: host
+  // time blocked. NCCL: the waits do not block the host, so a CUDA event is recorded on the
+  // compute stream before and after each wait; their distance is the stall. take_ returns
+  // the total since its last call and resets it; on NCCL it waits for the last event, so the
+  // trainer calls it on log steps, after the loss read. The trainer counts its train steps.
+  static void count_comm_waits(bool on);
+  static double take_comm_wait_ms();
   // Collectives this process ran over a real backend (one-rank groups are not counted),
   // by kind ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"),
   // since the start: calls, and bytes of each collective's whole buffer (the all-gather's

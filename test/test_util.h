@@ -26,15 +26,26 @@
 
 namespace titan::test {
 
+// The environment overrides the paths compiled in, so a test binary built here also runs
+// from another checkout path (scripts/gpu_check.sh carries it to a GPU machine).
+inline std::string env_or(const char* name, const char* fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? e : fallback;
+}
 inline std::string source_dir() {
-  return TITAN_SOURCE_DIR;
+  return env_or("TITAN_SOURCE_DIR", TITAN_SOURCE_DIR);
 }
 inline std::string binary() {
-  return TITAN_BINARY;
+  return env_or("TITAN_BINARY", TITAN_BINARY);
 }
 inline std::string python() {
-  const char* e = std::getenv("TITAN_PYTHON");
-  return e && *e ? e : TITAN_TEST_PYTHON;
+  return env_or("TITAN_PYTHON", TITAN_TEST_PYTHON);
+}
+// torchrun of the same Python environment.
+inline std::string torchrun() {
+  const std::string py = python();
+  const auto slash = py.rfind('/');
+  return (slash == std::string::npos ? std::string() : py.substr(0, slash + 1)) + "torchrun";
 }
 inline std::string cache_dir() {
   const char* e = std::getenv("TITAN_CACHE");

@@ -32,6 +32,7 @@ struct ModelSection {
   std::string hf_assets_path;
   std::string tokenizer_path;
   std::vector<std::string> converters;
+  int64_t n_layers = 0;  // > 0: the flavor's layers replaced by this many (benchmarks)
 };
 
 struct OptimizerSection {
@@ -63,6 +64,7 @@ struct TrainingSection {
   int64_t steps = 0;
   std::string mixed_precision_param;
   std::string mixed_precision_reduce;
+  std::string device;  // auto, cuda or cpu (app/trainer.cpp resolves it)
   double holdout_fraction = 0;
 };
 

@@ -114,6 +114,10 @@ void model_options(std::vector<Option>& out) {
   s.add("tokenizer_path", &ModelSection::tokenizer_path, "",
         "tokenizer.json file, or \"bytes\" for the byte tokenizer; empty: the bundled "
         "tokenizer made by scripts/setup.sh");
+  s.add("n_layers", &ModelSection::n_layers, 0,
+        "Transformer blocks; 0: the flavor's. Another value keeps the flavor's width, e.g. to "
+        "benchmark a large flavor's real layers on one device")
+      .range(0.0, kNoMax);
   s.later("converters", Strings{}, "float8 / mx training (model converters)",
           "Model converters (float8, mx): not supported yet");
 }
@@ -186,6 +190,10 @@ void training_options(std::vector<Option>& out) {
   s.add("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce, "float32",
         "Dtype of gradient reductions across ranks")
       .choices({"float32", "bfloat16"});
+  s.add("device", &TrainingSection::device, "auto",
+        "Where to train: \"cuda\" (rank i on GPU LOCAL_RANK i), \"cpu\", or \"auto\" (cuda when "
+        "a GPU is visible, else cpu)")
+      .choices({"auto", "cuda", "cpu"});
   s.add("holdout_fraction", &TrainingSection::holdout_fraction, 0.01,
         "Fraction of documents held out of training for validation")
       .range(0.0, 0.5);

@@ -19,6 +19,10 @@ CudaDeviceInfo cuda_device_info(int device) {
   return info;
 }
 
+int64_t cuda_device_count() {
+  return at::hasCUDA() ? static_cast<int64_t>(c10::cuda::device_count()) : 0;
+}
+
 void cuda_set_device(int device) {
   if (at::hasCUDA()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
 }
@@ -34,6 +38,19 @@ MemoryStats cuda_memory_stats(int device) {
 void cuda_reset_memory_peak(int device) {
   if (at::hasCUDA())
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+DeviceMemory cuda_free_and_total() {
+  if (!at::hasCUDA()) return {};
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    (void)cudaGetLastError();  // a failed query must not poison the next CUDA call
+    return {};
+  }
+  DeviceMemory m;
+  m.free = static_cast<int64_t>(free);
+  m.total = static_cast<int64_t>(total);
+  return m;
 }
 
 }  // namespace titan

@@ -16,6 +16,8 @@ struct CudaDeviceInfo {
 };
 
 CudaDeviceInfo cuda_device_info(int device);
+// CUDA devices this process sees (0 without CUDA or without a driver).
+int64_t cuda_device_count();
 // Makes `device` the current CUDA device of this thread (no-op without CUDA). Called first
 // at start-up with LOCAL_RANK, so NCCL and every op that uses "the current device" land on
 // this rank's GPU rather than GPU 0.
@@ -24,5 +26,10 @@ void cuda_set_device(int device);
 // the last reset (zeros without CUDA).
 MemoryStats cuda_memory_stats(int device);
 void cuda_reset_memory_peak(int device);
+// Free and total bytes of the current CUDA device as the driver sees them (zeros without CUDA).
+struct DeviceMemory {
+  int64_t free = 0, total = 0;
+};
+DeviceMemory cuda_free_and_total();
 
 }  // namespace titan

@@ -15,11 +15,23 @@
 
 namespace titan {
 
-double peak_flops_for_device(const std::string& name) {
+double peak_flops_for_device(const std::string& name, PeakMath math) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989e12;
-  if (has("B200") || has("GB200")) return 2250e12;
-  if (has("A100") || has("A800")) return 312e12;
+  struct Peaks {
+    double bf16, tf32, fp32;
+  };
+  Peaks p{0, 0, 0};
+  if (has("H100") || has("H200") || has("H800") || has("GH200"))
+    p = {989e12, 494.5e12, 66.9e12};
+  else if (has("B200") || has("GB200"))
+    p = {2250e12, 1100e12, 80e12};
+  else if (has("A100") || has("A800"))
+    p = {312e12, 156e12, 19.5e12};
+  switch (math) {
+    case PeakMath::BF16: return p.bf16;
+    case PeakMath::TF32: return p.tf32;
+    case PeakMath::FP32: return p.fp32;
+  }
   return 0;
 }
 

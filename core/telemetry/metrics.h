@@ -55,8 +55,11 @@ class MetricsLogger {
   bool progress_shown_ = false;
 };
 
-// Peak dense bf16 FLOP/s of a CUDA device by name (H100/H200, A100, B200); 0 when unknown.
-double peak_flops_for_device(const std::string& device_name);
+// The math a step's matrix products run in, which sets the peak MFU divides by.
+enum class PeakMath { BF16, TF32, FP32 };
+// Peak dense FLOP/s of a CUDA device by name (H100/H200/H800, A100/A800, B200) for that math
+// (vendor datasheets, SXM parts); 0 when unknown.
+double peak_flops_for_device(const std::string& device_name, PeakMath math = PeakMath::BF16);
 // Max resident set size of this process in GiB.
 double max_rss_gib();
 

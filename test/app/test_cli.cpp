@@ -177,3 +177,43 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
   CHECK_THAT(w.out, Contains("expert_parallel_degree = 8") && Contains("world size 1"));
   CHECK_FALSE(fs::exists(dir.file("o")));
 }
+
+// main() maps every exception to one message and a documented status (app/fatal.h): 2 bad
+// input, 3 out of memory (naming the memory and the keys that lower it), 1 internal (with
+// the stack c10 attaches). The planted errors come from TITAN_PLANT_ERROR at the start of a
+// run, so no test has to exhaust real memory; the CUDA out-of-memory path itself is a [gpu]
+// test (test/app/test_gpu.cpp).
+TEST_CASE("cli: every error ends in one message and its exit status", "[cli]") {
+  test::TempDir dir("cli-fatal");
+  const std::string run = "--config " + test::source_dir() +
+                          "/configs/llama3_debug.toml --training.steps 1 --job.dump_folder " +
+                          dir.file("out") + " --training.local_batch_size 3";
+  auto planted = [&](const std::string& kind) {
+    return test::run("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK "
+                     "TITAN_PLANT_ERROR=" + kind + " " + test::binary() + " " + run);
+  };
+  auto oom = planted("oom");
+  INFO(oom.out);
+  CHECK(oom.rc == 3);
+  CHECK_THAT(oom.out, Contains("titan-train: out of memory: planted: tried to allocate 1.00 TiB") &&
+                          Contains("the host has") && Contains("available") &&
+                          Contains("training.local_batch_size (now 3)") &&
+                          Contains("activation_checkpoint.mode"));
+  auto internal = planted("internal");
+  INFO(internal.out);
+  CHECK(internal.rc == 1);
+  CHECK_THAT(internal.out, Contains("titan-train: internal error: planted invariant failure"));
+  CHECK_THAT(internal.out, Contains("fatal.cpp"));  // where it was raised, from c10's context
+  auto other = planted("std");
+  CHECK(other.rc == 1);
+  CHECK_THAT(other.out, Contains("titan-train: internal error: planted std::runtime_error"));
+  auto unknown = planted("nonsense");
+  CHECK(unknown.rc == 2);
+  CHECK_THAT(unknown.out, Contains("TITAN_PLANT_ERROR") && Contains("allowed: internal, oom, std"));
+  for (const auto& r : {oom, internal, other}) CHECK_THAT(r.out, !Contains("terminate called"));
+  // A device that is not there is bad input (the CPU suite runs with every GPU hidden).
+  auto cuda = titan_run(run + " --training.device cuda");
+  INFO(cuda.out);
+  CHECK(cuda.rc == 2);
+  CHECK_THAT(cuda.out, Contains("training.device = \"cuda\"") && Contains("allowed here: cpu, auto"));
+}

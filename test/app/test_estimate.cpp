@@ -156,7 +156,7 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
     test::TempDir dir("estimate");
     const std::string cfg = "--config configs/" + c.config + ".toml";
     auto run = test::run("cd " + test::source_dir() + " && OMP_NUM_THREADS=1 " +
-                         test::cache_dir() + "/venv/bin/torchrun --standalone --nproc_per_node " +
+                         test::torchrun() + " --standalone --nproc_per_node " +
                          std::to_string(c.world) + " --no-python " + test::binary() + " " + cfg +
                          flags + " --training.steps 3 --metrics.log_freq 1 "
                          "--checkpoint.enable false --validation.enable false "

@@ -93,7 +93,6 @@ Setup make_setup(const std::string& name) {
   s.o.global_tokens = 2 * 2 * 32;
   s.o.lr = 1e-3;
   s.o.max_norm = 1.0;
-  s.o.time_phases = false;  // a non-logging step
   return s;
 }
 

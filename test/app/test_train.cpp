@@ -32,7 +32,7 @@ TEST_CASE("train: llama3 debugmodel learns the bundled corpus and repeats exactl
   test::TempDir dir("train");
   const std::string common =
       "--training.local_batch_size 4 --training.seq_len 256 "
-      "--metrics.log_freq 1 --debug.seed 0 ";
+      "--metrics.log_freq 1 --debug.seed 0 --training.device cpu ";  // the golden is CPU fp32
   auto r = run_titan(common + "--training.steps 200 --job.dump_folder " + dir.file("a"));
   INFO(r.out.substr(r.out.size() > 3000 ? r.out.size() - 3000 : 0));
   REQUIRE(r.rc == 0);

@@ -1,4 +1,4 @@
-// CUDA-only MoE checks (tag [cuda]; ctest reports each as skipped on a machine without CUDA):
+// CUDA-only MoE checks (tag [gpu]: ctest label gpu; skipped on a machine without CUDA):
 // the grouped_mm path makes no host sync (ready for CUDA-graph capture), the loop path makes
 // exactly one per layer and forward and none in backward, and the two backends agree in bf16.
 #include <catch2/catch.hpp>
@@ -66,7 +66,7 @@ const char* missing_cuda(bool sm90) {
 
 }  // namespace
 
-TEST_CASE("moe cuda: grouped_mm forward and backward make no host sync", "[moe][cuda]") {
+TEST_CASE("moe cuda: grouped_mm forward and backward make no host sync", "[moe][gpu]") {
 #ifndef TITAN_TEST_CUDA_HEADERS
   TITAN_SKIP("built without CUDA headers");
 #else
@@ -86,7 +86,7 @@ TEST_CASE("moe cuda: grouped_mm forward and backward make no host sync", "[moe][
 }
 
 TEST_CASE("moe cuda: the loop backend syncs once per forward and never in backward",
-          "[moe][cuda]") {
+          "[moe][gpu]") {
 #ifndef TITAN_TEST_CUDA_HEADERS
   TITAN_SKIP("built without CUDA headers");
 #else
@@ -134,7 +134,7 @@ TEST_CASE("moe cuda: the loop backend syncs once per forward and never in backwa
 #endif
 }
 
-TEST_CASE("moe cuda: loop and grouped_mm agree in bf16", "[moe][cuda]") {
+TEST_CASE("moe cuda: loop and grouped_mm agree in bf16", "[moe][gpu]") {
   if (const char* why = missing_cuda(true)) TITAN_SKIP(why);
   std::vector<std::vector<at::Tensor>> r;
   for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {

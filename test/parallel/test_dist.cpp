@@ -35,11 +35,9 @@ namespace {
 
 const std::string kSmall =
     "--config configs/llama3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
-    "--validation.enable false --metrics.enable_tensorboard false ";
+    "--validation.enable false --metrics.enable_tensorboard false --training.device cpu ";
 
-std::string torchrun() {
-  return test::cache_dir() + "/venv/bin/torchrun";
-}
+using test::torchrun;
 
 // A port per test process, so parallel ctest runs do not collide.
 int free_port(int offset) {

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Eager PyTorch training of the same architectures, for scripts/bench_cpu.sh.
+"""Eager PyTorch training of the same architectures, for scripts/bench_cpu.sh (CPU) and
+scripts/gpu_check.sh (--device cuda: bf16 autocast over fp32 parameters, as titan-train keeps
+fp32 masters; --ac full checkpoints every block with torch.utils.checkpoint).
 
 Llama-3 (and a Llama-4-style MoE) with nn.Parameters, F.scaled_dot_product_attention
 (enable_gqa), F.rms_norm, a sparse per-expert MoE loop and fused AdamW: what a careful eager
@@ -17,12 +19,15 @@ import resource  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 from llama3_ref import apply_rope, rope_tables  # noqa: E402
 
 
-def ffn_hidden(dim, multiple_of=256):
+def ffn_hidden(dim, multiple_of=256, multiplier=None):
     h = int(2 * 4 * dim / 3)
+    if multiplier:
+        h = int(multiplier * h)
     return multiple_of * ((h + multiple_of - 1) // multiple_of)
 
 
@@ -62,10 +67,11 @@ class MoE(torch.nn.Module):
 
 class Model(torch.nn.Module):
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, vocab, experts=0, top_k=1,
-                 max_len=8192):
+                 max_len=8192, multiple_of=256, ffn_multiplier=None, ac=False):
         super().__init__()
         self.h, self.hkv, self.hd = n_heads, n_kv_heads, dim // n_heads
-        ffn = ffn_hidden(dim)
+        self.ac = ac
+        ffn = ffn_hidden(dim, multiple_of, ffn_multiplier)
         self.emb = torch.nn.Embedding(vocab, dim)
         self.layers = torch.nn.ModuleList()
         for i in range(n_layers):
@@ -87,19 +93,25 @@ class Model(torch.nn.Module):
         self.out = lin(dim, vocab)
         self.register_buffer("freqs_cis", rope_tables(self.hd, max_len, 5e5, 1.0), persistent=False)
 
+    def block(self, l, h):
+        B, T, _ = h.shape
+        x = l.an(h)
+        q = apply_rope(l.wq(x).view(B, T, self.h, self.hd), self.freqs_cis).transpose(1, 2)
+        k = apply_rope(l.wk(x).view(B, T, self.hkv, self.hd), self.freqs_cis).transpose(1, 2)
+        v = l.wv(x).view(B, T, self.hkv, self.hd).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.hkv != self.h)
+        h = h + l.wo(o.transpose(1, 2).reshape(B, T, -1))
+        x = l.fn(h)
+        return h + (l.moe(x) if hasattr(l, "moe") else l.w2(F.silu(l.w1(x)) * l.w3(x)))
+
     def forward(self, tok):
-        B, T = tok.shape
         h = self.emb(tok)
         for l in self.layers:
-            x = l.an(h)
-            q = apply_rope(l.wq(x).view(B, T, self.h, self.hd), self.freqs_cis).transpose(1, 2)
-            k = apply_rope(l.wk(x).view(B, T, self.hkv, self.hd), self.freqs_cis).transpose(1, 2)
-            v = l.wv(x).view(B, T, self.hkv, self.hd).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               enable_gqa=self.hkv != self.h)
-            h = h + l.wo(o.transpose(1, 2).reshape(B, T, -1))
-            x = l.fn(h)
-            h = h + (l.moe(x) if hasattr(l, "moe") else l.w2(F.silu(l.w1(x)) * l.w3(x)))
+            if self.ac:
+                h = torch.utils.checkpoint.checkpoint(self.block, l, h, use_reentrant=False)
+            else:
+                h = self.block(l, h)
         return self.out(self.norm(h))
 
 
@@ -115,19 +127,28 @@ def main():
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--experts", type=int, default=0, help="0: dense; else MoE every 2nd layer")
     ap.add_argument("--top_k", type=int, default=1)
+    ap.add_argument("--multiple_of", type=int, default=256)
+    ap.add_argument("--ffn_dim_multiplier", type=float, default=None)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--ac", default="none", choices=["none", "full"])
     args = ap.parse_args()
     torch.manual_seed(0)
+    dev = torch.device(args.device)
     model = Model(args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab,
-                  args.experts, args.top_k, max_len=max(2048, args.seq_len))
+                  args.experts, args.top_k, max_len=max(2048, args.seq_len),
+                  multiple_of=args.multiple_of, ffn_multiplier=args.ffn_dim_multiplier,
+                  ac=args.ac == "full").to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
     g = torch.Generator().manual_seed(0)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cuda = dev.type == "cuda"
     tps, first = [], None
     for step in range(args.steps):
         t0 = time.time()
-        buf = torch.randint(args.vocab, (args.batch, args.seq_len + 1), generator=g)
-        logits = model(buf[:, :-1])
+        buf = torch.randint(args.vocab, (args.batch, args.seq_len + 1), generator=g).to(dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            logits = model(buf[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(), buf[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -137,10 +158,12 @@ def main():
         if first is None:
             first = time.time()
         tps.append(args.batch * args.seq_len / (time.time() - t0))
-    print(json.dumps({"first_step_unix_ms": first * 1000, "start_unix_ms": T_START * 1000,
-                      "tps": tps, "threads": torch.get_num_threads(),
-                      "rss_before_kib": rss_before,
-                      "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    out = {"first_step_unix_ms": first * 1000, "start_unix_ms": T_START * 1000,
+           "tps": tps, "threads": torch.get_num_threads(), "rss_before_kib": rss_before,
+           "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    if cuda:
+        out["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

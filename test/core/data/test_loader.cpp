@@ -187,7 +187,7 @@ TEST_CASE("loader: validation reads windows in order, rank-strided", "[loader]")
                     Contains("holds 0 windows") && Contains("holdout_fraction"));
 }
 
-TEST_CASE("loader: on CUDA, batches arrive on the device equal to the CPU batches", "[loader]") {
+TEST_CASE("loader: on CUDA, batches arrive on the device equal to the CPU batches", "[loader][gpu]") {
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   TwoSources d;
   const at::Device cuda(at::kCUDA, 0);

@@ -219,7 +219,7 @@ TEST_CASE("loss: peak CPU memory stays near one chunk of logits", "[loss]") {
 
 // CUDA against the CPU reference: fp32 1e-5 (cuBLAS reduction order, TF32 off by default),
 // bf16 as on the CPU. The bf16 dW accumulates through addmm's fp32-output form (CUDA only).
-TEST_CASE("loss: CUDA fused loss equals the CPU reference", "[loss]") {
+TEST_CASE("loss: CUDA fused loss equals the CPU reference", "[loss][gpu]") {
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   const at::Device dev(at::kCUDA, 0);
   at::manual_seed(7);

@@ -273,7 +273,7 @@ TEST_CASE("ops: bad inputs are rejected with the op named", "[ops]") {
 
 // CUDA kernels against the CPU unfused compositions: fp32 1e-5 (thread-block reduction order,
 // expf), bf16 as on the CPU.
-TEST_CASE("ops: CUDA kernels equal the CPU compositions", "[ops]") {
+TEST_CASE("ops: CUDA kernels equal the CPU compositions", "[ops][gpu]") {
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   const at::Device dev(at::kCUDA, 0);
   for (auto dt : {at::kFloat, at::kBFloat16}) {
