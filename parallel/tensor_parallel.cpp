@@ -54,27 +54,22 @@ at::Tensor reduce_scatter_seq_impl(ProcessGroup& g, const at::Tensor& x) {
   return out;
 }
 
-struct GatherSeq : public torch::autograd::Function<GatherSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+// The two sequence-parallel boundaries, each the other's backward: gather = all-gather along
+// the sequence (backward: reduce-scatter), else reduce-scatter (backward: all-gather).
+struct SeqCollective : public torch::autograd::Function<SeqCollective> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group,
+                            bool gather) {
     ctx->saved_data["group"] = group;
+    ctx->saved_data["gather"] = gather;
     at::NoGradGuard ng;
-    return all_gather_seq(*reinterpret_cast<ProcessGroup*>(group), x);
+    auto& pg = *reinterpret_cast<ProcessGroup*>(group);
+    return gather ? all_gather_seq(pg, x) : reduce_scatter_seq_impl(pg, x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto* pg = reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-    return {reduce_scatter_seq_impl(*pg, g[0]), at::Tensor()};
-  }
-};
-
-struct ReduceScatterSeq : public torch::autograd::Function<ReduceScatterSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    at::NoGradGuard ng;
-    return reduce_scatter_seq_impl(*reinterpret_cast<ProcessGroup*>(group), x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto* pg = reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-    return {all_gather_seq(*pg, g[0]), at::Tensor()};
+    auto& pg = *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+    const bool gather = ctx->saved_data["gather"].toBool();
+    return {gather ? reduce_scatter_seq_impl(pg, g[0]) : all_gather_seq(pg, g[0]), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -84,10 +79,10 @@ class C10dTensorParallel : public TensorParallelComm {
   int64_t size() const override { return g_.size(); }
   int64_t rank() const override { return g_.rank(); }
   at::Tensor gather_seq(const at::Tensor& x) override {
-    return GatherSeq::apply(x, reinterpret_cast<int64_t>(&g_));
+    return SeqCollective::apply(x, reinterpret_cast<int64_t>(&g_), true);
   }
   at::Tensor reduce_scatter_seq(const at::Tensor& x) override {
-    return ReduceScatterSeq::apply(x, reinterpret_cast<int64_t>(&g_));
+    return SeqCollective::apply(x, reinterpret_cast<int64_t>(&g_), false);
   }
   void allreduce(at::Tensor& t, bool max) override {
     g_.allreduce(t, max ? ReduceOp::Max : ReduceOp::Sum);
