@@ -11,7 +11,8 @@ RUN . /opt/titan/versions.env && apt-get update && DEBIAN_FRONTEND=noninteractiv
     apt-get install -y --no-install-recommends $DEBIAN_BUILD_PACKAGES && rm -rf /var/lib/apt/lists/*
 # pyarrow: its wheel's Arrow C++ libraries give titan-train Parquet input (linked from here).
 RUN . /opt/titan/versions.env && python3 -m venv /opt/venv && \
-    /opt/venv/bin/pip install --no-cache-dir torch==$TORCH_VERSION pyarrow==$PYARROW_VERSION
+    /opt/venv/bin/pip install --no-cache-dir torch==$TORCH_VERSION pyarrow==$PYARROW_VERSION && \
+    /opt/venv/bin/pip install --no-cache-dir --no-deps nvidia-cutlass==$CUTLASS_VERSION
 COPY . /src
 WORKDIR /src
 RUN cmake -S . -B /build -G Ninja -DTITAN_PYTHON=/opt/venv/bin/python -DTITAN_BUILD_TESTS=OFF \

@@ -19,10 +19,7 @@
 #include "models/llama3.h"
 
 namespace titan {
-namespace {
 
-// Parses a subcommand's flags. Prints the help and returns false for --help; a bad flag is
-// a UserError prefixed with the subcommand's name.
 bool parse_subcommand(CLI::App& app, int argc, char** argv, const char* name) {
   try {
     app.parse(argc, argv);
@@ -34,6 +31,8 @@ bool parse_subcommand(CLI::App& app, int argc, char** argv, const char* name) {
   }
   return true;
 }
+
+namespace {
 
 // The model's HF tensors (hf_tensors: its parameters, plus deepseek_v3's expert biases) from a
 // flat safetensors file of our names, the file --to-safetensors writes: every tensor present

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/commands.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
 #include "core/data/text_reader.h"
@@ -105,14 +106,7 @@ bool parse_args(int argc, char** argv, TokenizeArgs& a) {
       ->group("");
   app.add_option("--input", flag_inputs, "an input (same as a positional INPUT; repeatable)");
   app.add_option("inputs", a.inputs, "INPUT...: files, folders or globs");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return false;
-  } catch (const CLI::ParseError& e) {
-    throw UserError(std::string("tokenize: ") + e.what());
-  }
+  if (!parse_subcommand(app, argc, argv, "tokenize")) return false;
   a.inputs.insert(a.inputs.begin(), flag_inputs.begin(), flag_inputs.end());
   if (a.inputs.empty())
     throw UserError("tokenize: no input; give INPUT... (files, folders or globs; allowed: " +

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 
 namespace titan {
@@ -30,47 +31,64 @@ const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& 
   return bufs_;
 }
 
+at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
+                            const StepOptions& o, GradSync* grad_sync) {
+  RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
+  // The auxiliary loss of a micro-batch is a mean over its sequences; the step's is the
+  // mean over all sequences of every rank, and the ranks' gradients are summed.
+  const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
+  at::Tensor total;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const MicroBatch& mb = micro[k];
+    if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
+    // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
+    at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
+    at::Tensor aux = model.aux_loss();
+    at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
+    objective.backward();
+    total = total.defined() ? total + loss.detach() : loss.detach();
+  }
+  return total;
+}
+
+void reduce_gradients(Model& model, GradSync* grad_sync) {
+  if (!grad_sync) return;
+  RECORD_USER_SCOPE("titan::reduce_gradients");
+  auto params = model.params().tensors();
+  grad_sync->reduce_gradients(params);
+}
+
+at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* grad_sync) {
+  RECORD_USER_SCOPE("titan::optimizer");
+  auto params = model.params().tensors();
+  at::Tensor norm_sq = grad_norm_sq(params);
+  // After the gradient all-reduce every rank holds the same full gradient, so the local norm
+  // already is the global one under pure replication; the hook exists for sharded layouts.
+  if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
+  at::Tensor norm = at::sqrt(norm_sq);
+  clip_grad_norm(params, o.max_norm, norm);
+  opt.step();  // reads the lr written by set_lr before the step
+  model.weights_updated();  // the fused kernel bumps no version counter (model.h)
+  opt.zero_grad();
+  model.after_optimizer_step();
+  return norm;
+}
+
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* grad_sync) {
   auto mark = [&o](PhaseTimer::Phase p) {
     if (o.timer) o.timer->mark(p);
   };
+  // The lr reaches the optimizer as a device tensor written here, before the step's work, as
+  // a captured step writes it before each replay.
+  opt.set_lr(o.lr);
   mark(PhaseTimer::kStart);
-  // The auxiliary loss of a micro-batch is a mean over its sequences; the step's is the
-  // mean over all sequences of every rank, and the ranks' gradients are summed.
-  const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
-  at::Tensor total;
-  {
-    RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
-    for (size_t k = 0; k < micro.size(); ++k) {
-      const MicroBatch& mb = micro[k];
-      if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
-      // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
-      at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
-      at::Tensor aux = model.aux_loss();
-      at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
-      objective.backward();
-      total = total.defined() ? total + loss.detach() : loss.detach();
-    }
-  }
-  mark(PhaseTimer::kForwardBackwardDone);
   StepResult r;
-  {
-    RECORD_USER_SCOPE("titan::optimizer");
-    auto params = model.params().tensors();
-    if (grad_sync) grad_sync->reduce_gradients(params);
-    at::Tensor norm_sq = grad_norm_sq(params);
-    // After the gradient all-reduce every rank holds the same full gradient, so the local norm
-    // already is the global one under pure replication; the hook exists for sharded layouts.
-    if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
-    r.grad_norm = at::sqrt(norm_sq);
-    clip_grad_norm(params, o.max_norm, r.grad_norm);
-    opt.step(o.lr);
-    opt.zero_grad();
-    model.after_optimizer_step();
-  }
+  r.loss = forward_backward(model, micro, o, grad_sync);
+  mark(PhaseTimer::kForwardBackwardDone);
+  reduce_gradients(model, grad_sync);
+  r.grad_norm = optimizer_phase(model, opt, o, grad_sync);
   mark(PhaseTimer::kOptimizerDone);
-  r.loss = total;
   return r;
 }
 

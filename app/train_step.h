@@ -53,6 +53,18 @@ class StepInputs {
 StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* sync = nullptr);
 
+// The step's phases, as train_step runs them and as the captured step (app/captured_step.h)
+// records them into its two graphs. None reads a device value or a host scalar that changes
+// between steps; the lr is read from the optimizer's device tensor (AdamW::set_lr).
+// forward_backward returns the summed loss share (0-d, on the device).
+at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
+                            const StepOptions& o, GradSync* sync);
+// Finishes the gradient reduction over data-parallel ranks (no-op without `sync`).
+void reduce_gradients(Model& model, GradSync* sync);
+// Norm, clipping, AdamW, zeroing the gradients, the model's post-step update; returns the
+// global gradient norm before clipping (0-d, on the device).
+at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* sync);
+
 // Sets the model's recompute policy from activation_checkpoint.mode and
 // selective_ac_option, as a training run does (the trainer and `titan-train estimate`).
 // Returns "none", "full", "op" or "every N".

@@ -13,15 +13,18 @@
 #include "core/base/errors.h"
 #include "core/train/functional.h"
 #include "core/base/log.h"
+#include "core/base/timing.h"
 #include "models/hf_interop.h"
 #include "models/registry.h"
+#include "moe/experts.h"
 #include "parallel/expert_parallel.h"
 
 namespace titan {
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+// The dtype gradients are summed in across data-parallel ranks (DDP and FSDP alike).
+at::ScalarType reduce_dtype(const JobConfig& cfg) {
+  return cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
 }
 
 std::string human(int64_t n) {
@@ -50,10 +53,6 @@ Trainer::~Trainer() = default;
 
 int Trainer::run() {
   install_preemption_handlers();
-  if (cfg_.compile.enable)
-    log_warn(
-        "compile.enable = true: CUDA-graph capture of the train step is not implemented "
-        "yet; training runs eagerly");
   log_info("resolved config:\n" + config_table(cfg_));
   if (cfg_.job.print_config) log_info("\n" + dump_config_toml(cfg_));
   setup_distributed();
@@ -61,6 +60,7 @@ int Trainer::run() {
   setup_model();
   parallelize();
   setup_optimizer();
+  setup_compile();
   log_plan();
   resume();
   if (cfg_.checkpoint.create_seed_checkpoint) return write_seed_checkpoint();
@@ -104,6 +104,12 @@ void Trainer::setup_distributed() {
   if (cfg_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, false);
     if (cuda_) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  }
+  if (cuda_ && cfg_.compile.enable) {
+    // NCCL collectives inside a captured graph: no host-blocking wait, no NaN-check kernel
+    // that reads on the host (docs/compile.md). Read when the process group is made.
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "0", 1);
+    setenv("TORCH_NCCL_NAN_CHECK", "0", 1);
   }
   // torchrun with one rank still gets a process group (torchrun --nproc_per_node 1 runs
   // the same collective code path, e.g. a one-GPU NCCL check).
@@ -243,6 +249,16 @@ void Trainer::apply_tp() {
              "them whole and runs its sequence shard through them (as etp = 1)");
 }
 
+EpExchangeOptions Trainer::ep_options() const {
+  EpExchangeOptions o;
+  // auto: static under capture (it needs fixed shapes and no host read), exact otherwise
+  // (no drops and no worst-case buffer: docs/moe.md).
+  const std::string& x = cfg_.moe.ep_exchange;
+  o.fixed = x == "static" || (x == "auto" && cfg_.compile.enable);
+  o.capacity_factor = cfg_.moe.ep_capacity_factor;
+  return o;
+}
+
 void Trainer::parallelize() {
   apply_tp();
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
@@ -258,19 +274,18 @@ void Trainer::parallelize() {
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
                       std::to_string(d_.dp_shard));
-    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group));
+    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group, ep_options()));
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {
     // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
     // collectives can be checked on a single GPU (scripts/gpu_check.sh).
-    model_->set_expert_exchange(make_expert_exchange(*mesh_->world));
+    model_->set_expert_exchange(make_expert_exchange(*mesh_->world, ep_options()));
     log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
   }
   if (fsdp_) {
     FsdpOptions fo;
     fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = reduce_dtype(cfg_);
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
     if (!comm_overlap()) {
       fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
@@ -294,10 +309,8 @@ void Trainer::parallelize() {
       grad_sync_ = ddp_.get();
     }
   } else if (pg_) {
-    const at::ScalarType reduce =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce, 25 << 20,
-                                          comm_overlap());
+    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce_dtype(cfg_),
+                                          25 << 20, comm_overlap());
     grad_sync_ = ddp_.get();
   }
   if (tp_ > 1) {
@@ -323,6 +336,20 @@ void Trainer::setup_optimizer() {
   metrics_ = std::make_unique<MetricsLogger>(
       cfg_.job.dump_folder, writer, cfg_.metrics.enable_tensorboard, cfg_.metrics.save_tb_folder,
       !cfg_.metrics.disable_color_printing && log_is_tty(), launch_.rank);
+}
+
+void Trainer::setup_compile() {
+  if (!cfg_.compile.enable) return;
+  const bool moe = model_->num_experts() > 0;
+  const bool loop = moe && select_experts_backend(cfg_.moe.experts_backend, device_) ==
+                               ExpertsBackend::Loop;
+  check_compile_config(cfg_, moe, loop);
+  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
+  log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
+                   "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
+                 : "=> compile: no CUDA here; the step runs eagerly under the capture check "
+                   "(the same op sequence every step, no host read, no collective changing "
+                   "size; docs/compile.md)");
 }
 
 void Trainer::log_plan() const {
@@ -431,8 +458,13 @@ int Trainer::train_loop() {
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.timer = phase_timer_.get();
     ProcessGroup::count_comm_waits(true);
-    StepResult r = train_step(*model_, *opt_, micro, o, grad_sync_);
+    StepResult r =
+        compiled_ ? compiled_->step(micro, o) : train_step(*model_, *opt_, micro, o, grad_sync_);
     ProcessGroup::count_comm_waits(false);
+    if (compiled_) {
+      const std::string report = compiled_->take_report();
+      if (!report.empty()) log_info(report);
+    }
     tokens_since_log_ +=
         cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len;
     if (step == first_step) {

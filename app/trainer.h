@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "app/checkpointer.h"
+#include "app/compiled_step.h"
 #include "app/data_setup.h"
 #include "app/preemption.h"
 #include "app/train_step.h"
@@ -22,6 +23,7 @@
 #include "core/telemetry/profiler.h"
 #include "core/tokenizer/tokenizer.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
@@ -50,9 +52,12 @@ class Trainer {
   void apply_tp();
   void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                          int64_t steps) const;
+  // The expert-parallel exchange of moe.ep_exchange and moe.ep_capacity_factor.
+  EpExchangeOptions ep_options() const;
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void load_hf_init();
   void setup_optimizer();
+  void setup_compile();
   void log_plan() const;
   void resume();
   // ---- the loop
@@ -96,6 +101,7 @@ class Trainer {
   std::unique_ptr<LRSchedule> sched_;
 
   StepInputs inputs_;  // the step's persistent input buffers
+  std::unique_ptr<CompiledStep> compiled_;  // compile.enable: captured (CUDA) or checked (CPU)
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<Checkpointer> ckpt_;

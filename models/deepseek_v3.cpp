@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 
@@ -183,6 +185,7 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   const int64_t B = x.size(0);
   const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim;
   size_t k = 0;
+  auto attention = std::make_unique<ModuleScope>("attention");  // ends after the output projection
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
   at::Tensor h = seq_gather(rms_norm(x, w[k++], a.norm_eps));
   const int64_t T = h.size(1);
@@ -207,10 +210,12 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
   at::Tensor y = x + seq_reduce(project(attn, w[k++]));
+  attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
   if (MoELayer* m = moe_layer(layer))  // on this rank's sequence shard
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),
                           moe_mode(layer));
+  ModuleScope scope("feed_forward");
   return y + seq_reduce(swiglu(seq_gather(z), w[k], w[k + 1], w[k + 2]));
 }
 

@@ -3,8 +3,8 @@
 // folder layout (sharded safetensors + model.safetensors.index.json + config.json).
 //
 // A family is described by a list of HfTensorMap entries, one per tensor of ours; the generic
-// export_hf/import_hf helpers do the folder handling, so a family's functions only build the
-// map and its config.json.
+// export_hf/import_hf helpers (hf_interop.cpp) do the folder handling, so a family's functions
+// (hf_llama3.cpp, hf_deepseek_v3.cpp) only build the map and its config.json.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/kernels/ops.h"
+#include "core/train/capture_check.h"
 
 namespace titan {
 
@@ -60,6 +61,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
                          int64_t n_kv_heads, const RopeTables& rope) {
+  ModuleScope scope("attention");
   const int64_t B = h.size(0), T = h.size(1);
   // The head dim is the RoPE table's; the head counts are the weights' rows, so a tensor-
   // parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 
 namespace titan {
@@ -23,6 +24,39 @@ int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multip
   int64_t h = static_cast<int64_t>(2.0 * 4.0 * static_cast<double>(dim) / 3.0);
   if (ffn_dim_multiplier > 0) h = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(h));
   return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs& s,
+                                            int64_t layer, int64_t ffn_hidden, at::Device device) {
+  const std::string p = "layers." + std::to_string(layer) + ".";
+  const int64_t hd = s.dim / s.n_heads;
+  const InitSpec in = InitSpec::trunc_normal(0.02);
+  const InitSpec out = InitSpec::trunc_normal(llama_out_std(layer, s.n_layers, s.depth_init));
+  auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
+    return params.add(p + name, std::move(shape), device, decay, init);
+  };
+  std::vector<int64_t> w;
+  w.push_back(P("attention_norm.weight", {s.dim}, false, InitSpec::ones()));
+  w.push_back(P("attention.wq.weight", {s.n_heads * hd, s.dim}, true, in));
+  w.push_back(P("attention.wk.weight", {s.n_kv_heads * hd, s.dim}, true, in));
+  w.push_back(P("attention.wv.weight", {s.n_kv_heads * hd, s.dim}, true, in));
+  w.push_back(P("attention.wo.weight", {s.dim, s.n_heads * hd}, true, out));
+  w.push_back(P("ffn_norm.weight", {s.dim}, false, InitSpec::ones()));
+  if (ffn_hidden > 0) {
+    w.push_back(P("feed_forward.w1.weight", {ffn_hidden, s.dim}, true, in));
+    w.push_back(P("feed_forward.w2.weight", {s.dim, ffn_hidden}, true, out));
+    w.push_back(P("feed_forward.w3.weight", {ffn_hidden, s.dim}, true, out));
+  }
+  return w;
+}
+
+at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
+                                    int64_t n_heads, int64_t n_kv_heads, double norm_eps,
+                                    const RopeTables& rope, const Model* sp) {
+  at::Tensor h = rms_norm(x, w[0], norm_eps);
+  if (sp == nullptr) return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
+  return x + sp->seq_reduce(gqa_attention(sp->seq_gather(h), w[1], w[2], w[3], w[4], n_heads,
+                                          n_kv_heads, rope));
 }
 
 namespace {
@@ -74,32 +108,20 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
   auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, InitSpec init) {
     return params_.add(name, std::move(shape), device, decay, init);
   };
-  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
-  for (int64_t l = 0; l < a.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const InitSpec in = InitSpec::trunc_normal(0.02);
-    const InitSpec out = InitSpec::trunc_normal(llama_out_std(l, a.n_layers, a.depth_init));
-    LayerIdx L;
-    L.attn_norm = P(p + "attention_norm.weight", {a.dim}, false, InitSpec::ones());
-    L.wq = P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true, in);
-    L.wk = P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true, in);
-    L.wv = P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true, in);
-    L.wo = P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true, out);
-    L.ffn_norm = P(p + "ffn_norm.weight", {a.dim}, false, InitSpec::ones());
-    L.w1 = P(p + "feed_forward.w1.weight", {ffn, a.dim}, true, in);
-    L.w2 = P(p + "feed_forward.w2.weight", {a.dim, ffn}, true, out);
-    L.w3 = P(p + "feed_forward.w3.weight", {ffn, a.dim}, true, out);
-    layers_.push_back(L);
-  }
+  // torchtitan's N(0, 1) table, except when it is also the output projection (1B, 3B): then
+  // it takes the output's init, or the first logits have std sqrt(dim) (a first loss of ~1800
+  // instead of ~12 on the 1B flavor).
+  tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false,
+               a.tie_embeddings ? llama_output_init(a.dim) : InitSpec::normal(1.0));
+  for (int64_t l = 0; l < a.n_layers; ++l)
+    layers_.push_back(add_llama_block_params(params_, a, l, ffn, device));
   norm_ = P("norm.weight", {a.dim}, false, InitSpec::ones());
   if (!a.tie_embeddings)
     output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
-  for (int64_t l = 0; l < a.n_layers; ++l) {
-    const LayerIdx& L = layers_[static_cast<size_t>(l)];
-    add_block({L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w1, L.w2, L.w3},
+  for (const std::vector<int64_t>& idx : layers_)
+    add_block(idx,
               [this](const at::Tensor& x, const std::vector<at::Tensor>& w) { return block(x, w); });
-  }
 
   declare_tp_plan(a, ffn);
   info_ = base_info("llama3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
@@ -110,9 +132,9 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
 at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) const {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
-  at::Tensor h = seq_gather(rms_norm(x, w[0], args_.norm_eps));
-  at::Tensor y = x + seq_reduce(gqa_attention(h, w[1], w[2], w[3], w[4], args_.n_heads,
-                                              args_.n_kv_heads, rope_));
+  at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
+                                          rope_, this);
+  ModuleScope scope("feed_forward");
   return y + seq_reduce(swiglu(seq_gather(rms_norm(y, w[5], args_.norm_eps)), w[6], w[7], w[8]));
 }
 

@@ -10,7 +10,9 @@
 
 namespace titan {
 
-struct Llama3Args {
+// The fields Llama-3 and Llama-4 share (torchtitan's TransformerModelArgs); the defaults are
+// the debug model's.
+struct LlamaArgs {
   int64_t dim = 256;
   int64_t n_layers = 6;
   int64_t n_heads = 16;
@@ -20,11 +22,15 @@ struct Llama3Args {
   double ffn_dim_multiplier = 0;  // 0: none
   double norm_eps = 1e-5;
   double rope_theta = 500000;
-  // Llama-3.1 scaling, which torchtitan 0.2.2 gives every flavor, the debug model included.
-  RopeScaling rope_scaling = {8.0, 1.0, 4.0, 8192};
+  RopeScaling rope_scaling;    // factor 1: none
   int64_t max_seq_len = 2048;  // the longest sequence a run may use (and the RoPE table's rows)
+  bool depth_init = true;      // init std of output projections scales with layer depth
+};
+
+struct Llama3Args : LlamaArgs {
+  // Llama-3.1 scaling, which torchtitan 0.2.2 gives every flavor, the debug model included.
+  Llama3Args() { rope_scaling = {8.0, 1.0, 4.0, 8192}; }
   bool tie_embeddings = false;
-  bool depth_init = true;  // init std of output projections scales with layer depth
 };
 
 // torchtitan's init std of the output projections (wo, w2, w3) of block `layer`:
@@ -35,6 +41,18 @@ InitSpec llama_output_init(int64_t dim);
 
 // h = int(2 * 4 * dim / 3); h = int(multiplier * h) if set; rounded up to multiple_of.
 int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multiplier);
+
+// Registers block `layer`'s weights in `params` under "layers.<layer>.", in torchtitan's
+// order and init: attention_norm, wq, wk, wv, wo, ffn_norm, then, when ffn_hidden > 0, the
+// dense feed_forward w1, w2, w3. Returns their indices in that order.
+std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs& args,
+                                            int64_t layer, int64_t ffn_hidden, at::Device device);
+// The first half of a Llama block, x + attention(rms_norm(x)) (B, T, D); w[0..4] are
+// attention_norm, wq, wk, wv, wo in compute form. With `sp`, the attention input and output
+// cross the model's sequence-parallel boundaries (Model::seq_gather, seq_reduce).
+at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
+                                    int64_t n_heads, int64_t n_kv_heads, double norm_eps,
+                                    const RopeTables& rope, const Model* sp = nullptr);
 
 Llama3Args llama3_flavor(const std::string& flavor);  // throws UserError
 std::vector<std::string> llama3_flavor_names();
@@ -49,9 +67,6 @@ class Llama3 : public Model {
   Head forward_head(const at::Tensor& tokens) override;
 
  private:
-  struct LayerIdx {
-    int64_t attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
-  };
   at::Tensor block(const at::Tensor& x, const std::vector<at::Tensor>& w) const;
   void declare_tp_plan(const Llama3Args& a, int64_t ffn);
 
@@ -59,7 +74,8 @@ class Llama3 : public Model {
   ModelInfo info_;
   RopeTables rope_;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
-  std::vector<LayerIdx> layers_;
+  // per block: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
+  std::vector<std::vector<int64_t>> layers_;
 };
 
 }  // namespace titan

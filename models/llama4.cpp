@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 
@@ -83,34 +84,23 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
   };
   tok_emb_ = P("tok_embeddings.weight", {a.vocab_size, a.dim}, false, InitSpec::normal(1.0));
   for (int64_t l = 0; l < a.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const InitSpec in = InitSpec::trunc_normal(0.02);
-    const double out_std = llama_out_std(l, a.n_layers, a.depth_init);
-    const InitSpec out = InitSpec::trunc_normal(out_std);
-    LayerIdx L;
-    L.w.push_back(P(p + "attention_norm.weight", {a.dim}, false, InitSpec::ones()));
-    L.w.push_back(P(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, true, in));
-    L.w.push_back(P(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, true, in));
-    L.w.push_back(P(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, true, in));
-    L.w.push_back(P(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, true, out));
-    L.w.push_back(P(p + "ffn_norm.weight", {a.dim}, false, InitSpec::ones()));
-    if ((l + 1) % a.interleave_moe_layer_step == 0) {
-      moe_.push_back(std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden, p + "moe.", params_,
-                                                device, out_std));
-      for (int64_t i : moe_.back()->param_indices()) L.w.push_back(i);
+    const bool moe = (l + 1) % a.interleave_moe_layer_step == 0;
+    std::vector<int64_t> w = add_llama_block_params(params_, a, l, moe ? 0 : ffn, device);
+    if (moe) {
+      moe_.push_back(std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden,
+                                                "layers." + std::to_string(l) + ".moe.", params_,
+                                                device, llama_out_std(l, a.n_layers, a.depth_init)));
+      for (int64_t i : moe_.back()->param_indices()) w.push_back(i);
     } else {
       moe_.push_back(nullptr);
-      L.w.push_back(P(p + "feed_forward.w1.weight", {ffn, a.dim}, true, in));
-      L.w.push_back(P(p + "feed_forward.w2.weight", {a.dim, ffn}, true, out));
-      L.w.push_back(P(p + "feed_forward.w3.weight", {ffn, a.dim}, true, out));
     }
-    layers_.push_back(L);
+    layers_.push_back(std::move(w));
   }
   norm_ = P("norm.weight", {a.dim}, false, InitSpec::ones());
   output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
   for (int64_t l = 0; l < a.n_layers; ++l)
-    add_block(layers_[static_cast<size_t>(l)].w,
+    add_block(layers_[static_cast<size_t>(l)],
               [this, l](const at::Tensor& x, const std::vector<at::Tensor>& w) {
                 return block(l, x, w);
               });
@@ -125,12 +115,12 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, then the FFN's or the MoE layer's weights
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank). The
   // MoE layer runs on this rank's sequence shard (its tokens are routed here).
-  at::Tensor h = seq_gather(rms_norm(x, w[0], args_.norm_eps));
-  at::Tensor y = x + seq_reduce(gqa_attention(h, w[1], w[2], w[3], w[4], args_.n_heads,
-                                              args_.n_kv_heads, rope_));
+  at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
+                                          rope_, this);
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));
+  ModuleScope scope("feed_forward");
   return y + seq_reduce(swiglu(seq_gather(z), w[6], w[7], w[8]));
 }
 

@@ -8,23 +8,12 @@
 #include <vector>
 
 #include "models/layers.h"
+#include "models/llama3.h"
 #include "models/moe_model.h"
 
 namespace titan {
 
-struct Llama4Args {
-  int64_t dim = 256;
-  int64_t n_layers = 6;
-  int64_t n_heads = 16;
-  int64_t n_kv_heads = 16;
-  int64_t vocab_size = 2048;
-  int64_t multiple_of = 256;
-  double ffn_dim_multiplier = 0;  // 0: none
-  double norm_eps = 1e-5;
-  double rope_theta = 500000;
-  RopeScaling rope_scaling;    // factor 1: none
-  int64_t max_seq_len = 2048;  // build_model sets the run's sequence length
-  bool depth_init = true;
+struct Llama4Args : LlamaArgs {  // rope_scaling: none unless a flavor sets it
   int64_t interleave_moe_layer_step = 2;  // layer l is MoE when (l + 1) % step == 0
   bool auto_scale_hidden_dim = true;      // expert hidden / (top_k + shared experts)
   MoEArgs moe;
@@ -48,9 +37,6 @@ class Llama4 : public MoETransformer {
   Head forward_head(const at::Tensor& tokens) override;
 
  private:
-  struct LayerIdx {
-    std::vector<int64_t> w;  // attn_norm, wq, wk, wv, wo, ffn_norm, then w1, w2, w3 or MoE
-  };
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
   void declare_tp_plan(int64_t ffn);
 
@@ -58,7 +44,8 @@ class Llama4 : public MoETransformer {
   ModelInfo info_;
   RopeTables rope_;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
-  std::vector<LayerIdx> layers_;
+  // per block: attn_norm, wq, wk, wv, wo, ffn_norm, then w1, w2, w3 or the MoE layer's
+  std::vector<std::vector<int64_t>> layers_;
 };
 
 }  // namespace titan

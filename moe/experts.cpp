@@ -2,8 +2,11 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <utility>
+
 #include "core/base/errors.h"
 #include "core/base/log.h"
+#include "core/train/recompute.h"
 
 // The device query needs the CUDA runtime headers; the wheel's libtorch_cuda provides the
 // symbol. Without them (a CPU-only LibTorch) every device reports capability 0.
@@ -15,7 +18,20 @@
 namespace titan {
 
 const char* experts_backend_name(ExpertsBackend b) {
-  return b == ExpertsBackend::GroupedMM ? "grouped_mm" : "loop";
+  switch (b) {
+    case ExpertsBackend::GroupedMM:
+      return "grouped_mm";
+    case ExpertsBackend::Cutlass:
+      return "cutlass";
+    case ExpertsBackend::Loop:
+      return "loop";
+  }
+  return "?";
+}
+
+GroupedKernel grouped_kernel(ExpertsBackend b, at::Device device) {
+  if (!device.is_cuda()) return GroupedKernel::Cpu;
+  return b == ExpertsBackend::Cutlass ? GroupedKernel::Cutlass : GroupedKernel::GroupedMM;
 }
 
 int cuda_compute_capability(at::Device device) {
@@ -29,59 +45,75 @@ int cuda_compute_capability(at::Device device) {
 #endif
 }
 
+namespace {
+
+// Which grouped backends can run on a device of compute capability cc (0: not CUDA).
+struct GroupedSupport {
+  bool grouped_mm, cutlass;
+  std::string allowed() const {
+    std::string a = "auto";
+    if (grouped_mm) a += ", grouped_mm";
+    if (cutlass) a += ", cutlass";
+    return a + ", loop";
+  }
+};
+
+GroupedSupport grouped_support(int cc) {
+  // at::_grouped_mm is sync-free (its CUTLASS 3.x kernel) on 9.x and 10.x only.
+  return {cc >= 90 && cc < 110, cc >= 80 && cutlass_grouped_gemm_built()};
+}
+
+std::pair<ExpertsBackend, std::string> auto_backend(const GroupedSupport& s, int cc) {
+  if (s.grouped_mm) return {ExpertsBackend::GroupedMM, "auto: compute capability 9.x/10.x"};
+  if (s.cutlass) return {ExpertsBackend::Cutlass, "auto: CUDA from compute capability 8.0"};
+  if (cc == 0) return {ExpertsBackend::Loop, "auto: on the CPU reading the counts is no sync"};
+  if (cc >= 80)
+    return {ExpertsBackend::Loop, "auto: this build has no CUTLASS kernel; the loop syncs once "
+                                  "per layer and forward"};
+  return {ExpertsBackend::Loop, "auto: below compute capability 8.0; the loop syncs once per "
+                                "layer and forward"};
+}
+
+}  // namespace
+
 ExpertsBackend select_experts_backend(const std::string& requested, at::Device device) {
   const int cc = cuda_compute_capability(device);
-  const bool grouped_ok = cc >= 90;
+  const GroupedSupport s = grouped_support(cc);
   std::string where = device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
                                              " (compute capability " + std::to_string(cc / 10) +
                                              "." + std::to_string(cc % 10) + ")"
                                        : "the CPU";
-  ExpertsBackend b;
-  std::string reason;
+  auto refuse = [&](const std::string& why) {
+    throw UserError("moe.experts_backend = \"" + requested + "\" cannot run on " + where + ": " +
+                    why + "; allowed here: " + s.allowed());
+  };
+  std::pair<ExpertsBackend, std::string> pick;
   if (requested == "grouped_mm") {
-    if (!grouped_ok)
-      throw UserError("moe.experts_backend = \"grouped_mm\" cannot run on " + where +
-                      ": at::_grouped_mm needs a CUDA device of compute capability >= 9.0; "
-                      "allowed here: auto, loop");
-    b = ExpertsBackend::GroupedMM;
-    reason = "asked for";
+    if (!s.grouped_mm)
+      refuse("at::_grouped_mm is sync-free only on a CUDA device of compute capability 9.0 to "
+             "10.x");
+    pick = {ExpertsBackend::GroupedMM, "asked for"};
+  } else if (requested == "cutlass") {
+    if (!s.cutlass)
+      refuse(cutlass_grouped_gemm_built()
+                 ? "the CUTLASS grouped GEMM needs a CUDA device of compute capability >= 8.0"
+                 : "this build has no CUTLASS kernel (nvcc and the nvidia-cutlass headers)");
+    pick = {ExpertsBackend::Cutlass, "asked for"};
   } else if (requested == "loop") {
-    b = ExpertsBackend::Loop;
-    reason = "asked for";
+    pick = {ExpertsBackend::Loop, "asked for; syncs once per layer and forward on CUDA"};
   } else if (requested == "auto") {
-    b = grouped_ok ? ExpertsBackend::GroupedMM : ExpertsBackend::Loop;
-    reason = grouped_ok ? "auto: compute capability >= 9.0"
-                        : "auto: grouped_mm needs a CUDA device of compute capability >= 9.0";
+    pick = auto_backend(s, cc);
   } else {
     throw UserError("moe.experts_backend = \"" + requested +
-                    "\" is not a backend; allowed: auto, grouped_mm, loop");
+                    "\" is not a backend; allowed: auto, grouped_mm, cutlass, loop");
   }
-  log_info(std::string("=> MoE experts backend = ") + experts_backend_name(b) + " on " + where +
-           " (" + reason + ")");
-  return b;
+  log_info(std::string("=> MoE experts backend = ") + experts_backend_name(pick.first) + " on " +
+           where + " (" + pick.second + ")");
+  return pick.first;
 }
 
 int64_t experts_alignment(ExpertsBackend b) {
-  return b == ExpertsBackend::GroupedMM ? 8 : 0;
-}
-
-std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
-  at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();  // the sync
-  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
-
-at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
-                           const at::Tensor& w3, const Dispatch& d) {
-  TORCH_CHECK(d.align > 0 && x_padded.size(0) == d.padded_rows,
-              "grouped_experts: x must be in the dispatch's aligned layout");
-  // bf16 on CUDA: the CUTLASS kernel (SM90+) is sync-free only there.
-  const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
-  at::Tensor x = x_padded.to(t);  // (M, D)
-  // _grouped_mm takes b as (E, K, N): the transposed views of the (E, out, in) weights.
-  at::Tensor h = at::silu(at::_grouped_mm(x, w1.to(t).transpose(-2, -1), d.offs)) *
-                 at::_grouped_mm(x, w3.to(t).transpose(-2, -1), d.offs);  // (M, H)
-  at::Tensor y = at::_grouped_mm(h, w2.to(t).transpose(-2, -1), d.offs);  // (M, D)
-  return y.to(x_padded.scalar_type());
+  return b == ExpertsBackend::Loop ? 0 : 8;
 }
 
 namespace {
@@ -89,25 +121,81 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// y, h1, h3 of the grouped SwiGLU: h1 = x w1^T, h3 = x w3^T, y = (silu(h1) * h3) w2^T.
+std::vector<at::Tensor> grouped_swiglu_outputs(const at::Tensor& x, const at::Tensor& w1,
+                                               const at::Tensor& w2, const at::Tensor& w3,
+                                               const at::Tensor& offs, GroupedKernel k) {
+  at::Tensor h1 = grouped_gemm(GemmForm::NT, x, w1, offs, k);  // (M, H)
+  at::Tensor h3 = grouped_gemm(GemmForm::NT, x, w3, offs, k);
+  at::Tensor y = grouped_gemm(GemmForm::NT, at::silu(h1) * h3, w2, offs, k);  // (M, D)
+  return {y, h1, h3};
+}
+
+// The grouped SwiGLU with a hand-written backward, every GEMM a grouped GEMM of one kernel.
+// `saved` holds y, h1, h3 of an op-level checkpoint's forward (then nothing is computed
+// again), or nothing.
+struct GroupedSwiGLU : public torch::autograd::Function<GroupedSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
+                            const at::Tensor& w2, const at::Tensor& w3, const at::Tensor& offs,
+                            int64_t kernel, at::TensorList saved) {
+    const auto k = static_cast<GroupedKernel>(kernel);
+    std::vector<at::Tensor> o =
+        saved.empty() ? grouped_swiglu_outputs(x, w1, w2, w3, offs, k) : saved.vec();
+    ctx->saved_data["kernel"] = kernel;
+    ctx->save_for_backward({x, w1, w2, w3, offs, o[1], o[2]});
+    return saved.empty() ? o[0] : o[0].detach();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto k = static_cast<GroupedKernel>(ctx->saved_data["kernel"].toInt());
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w1 = s[1], &w2 = s[2], &w3 = s[3], &offs = s[4];
+    const at::Tensor &h1 = s[5], &h3 = s[6];
+    at::Tensor dy = grad_out[0].contiguous();
+    at::Tensor a = at::silu(h1);
+    at::Tensor dg = grouped_gemm(GemmForm::NN, dy, w2, offs, k);  // (M, H)
+    at::Tensor dh1 = at::silu_backward(dg * h3, h1);
+    at::Tensor dh3 = dg * a;
+    at::Tensor dw2 = grouped_gemm(GemmForm::TN, dy, a * h3, offs, k);  // (E, D, H)
+    at::Tensor dw1 = grouped_gemm(GemmForm::TN, dh1, x, offs, k);      // (E, H, D)
+    at::Tensor dw3 = grouped_gemm(GemmForm::TN, dh3, x, offs, k);
+    at::Tensor dx = grouped_gemm(GemmForm::NN, dh1, w1, offs, k) +
+                    grouped_gemm(GemmForm::NN, dh3, w3, offs, k);  // (M, D)
+    // offs, kernel and up to three saved outputs get none (trailing undefined ones are
+    // dropped when fewer were passed).
+    variable_list g{dx, dw1, dw2, dw3};
+    g.resize(9);
+    return g;
+  }
+};
+
+// y, h1, h3 of the per-expert SwiGLU, rows split by the host counts.
+std::vector<at::Tensor> loop_outputs(const at::Tensor& x, const at::Tensor& w1,
+                                     const at::Tensor& w2, const at::Tensor& w3,
+                                     const std::vector<int64_t>& counts) {
+  auto xs = x.split_with_sizes(counts);
+  std::vector<at::Tensor> h1s, h3s, ys;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t i = static_cast<int64_t>(e);
+    at::Tensor h1 = at::matmul(xs[e], w1[i].t());  // (n_e, H)
+    at::Tensor h3 = at::matmul(xs[e], w3[i].t());
+    ys.push_back(at::matmul(at::silu(h1) * h3, w2[i].t()));  // (n_e, D)
+    h1s.push_back(h1);
+    h3s.push_back(h3);
+  }
+  return {at::cat(ys), at::cat(h1s), at::cat(h3s)};
+}
+
 // Per-expert SwiGLU with a hand-written backward: forward saves the host counts, so the
-// backward splits by them without reading the device again.
+// backward splits by them without reading the device again. `saved`: as GroupedSwiGLU's.
 struct LoopExperts : public torch::autograd::Function<LoopExperts> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
                                const at::Tensor& w2, const at::Tensor& w3,
-                               const std::vector<int64_t>& counts) {
-    auto xs = x.split_with_sizes(counts);
-    std::vector<at::Tensor> h1s, h3s, ys;
-    for (size_t e = 0; e < counts.size(); ++e) {
-      const int64_t i = static_cast<int64_t>(e);
-      at::Tensor h1 = at::matmul(xs[e], w1[i].t());  // (n_e, H)
-      at::Tensor h3 = at::matmul(xs[e], w3[i].t());
-      ys.push_back(at::matmul(at::silu(h1) * h3, w2[i].t()));  // (n_e, D)
-      h1s.push_back(h1);
-      h3s.push_back(h3);
-    }
+                               const std::vector<int64_t>& counts, at::TensorList saved) {
+    std::vector<at::Tensor> o = saved.empty() ? loop_outputs(x, w1, w2, w3, counts) : saved.vec();
     ctx->saved_data["counts"] = c10::IValue(counts);
-    ctx->save_for_backward({x, w1, w2, w3, at::cat(h1s), at::cat(h3s)});
-    return {at::cat(ys)};
+    ctx->save_for_backward({x, w1, w2, w3, o[1], o[2]});
+    return {saved.empty() ? o[0] : o[0].detach()};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -131,17 +219,59 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
       dw3.push_back(at::matmul(dh3.t(), xs[e]));
       dxs.push_back(at::matmul(dh1, w1[i]) + at::matmul(dh3, w3[i]));  // (n_e, D)
     }
-    return {at::cat(dxs), at::stack(dw1), at::stack(dw2), at::stack(dw3), at::Tensor()};
+    variable_list g{at::cat(dxs), at::stack(dw1), at::stack(dw2), at::stack(dw3)};
+    g.resize(8);  // counts and up to three saved outputs: none
+    return g;
   }
 };
 
 }  // namespace
 
+at::Tensor grouped_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k) {
+  TORCH_CHECK(offs.scalar_type() == at::kInt && offs.size(0) == w1.size(0),
+              "grouped_swiglu: one int32 offset per expert");
+  // Op-level checkpointing saves the three GEMM outputs and hands them back in the recompute.
+  if (op_tape_recording()) {
+    std::vector<at::Tensor> o = grouped_swiglu_outputs(x, w1, w2, w3, offs, k);
+    op_tape_save(o);
+    return o[0];
+  }
+  std::vector<at::Tensor> saved;
+  if (op_tape_replaying()) saved = op_tape_restore(3);
+  return GroupedSwiGLU::apply(x, w1, w2, w3, offs, static_cast<int64_t>(k),
+                              at::TensorList(saved));
+}
+
+at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
+                           const at::Tensor& w3, const Dispatch& d, ExpertsBackend b) {
+  TORCH_CHECK(d.align > 0 && x_padded.size(0) == d.padded_rows,
+              "grouped_experts: x must be in the dispatch's aligned layout");
+  return grouped_experts(x_padded, w1, w2, w3, d.offs, b);
+}
+
+at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
+                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b) {
+  TORCH_CHECK(b != ExpertsBackend::Loop, "grouped_experts: the loop is no grouped backend");
+  // bf16 on CUDA: the form both CUDA kernels take (and torchtitan's).
+  const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
+  at::Tensor y = grouped_swiglu(x_padded.to(t), w1.to(t), w2.to(t), w3.to(t), offs,
+                                grouped_kernel(b, x_padded.device()));
+  return y.to(x_padded.scalar_type());
+}
+
 at::Tensor loop_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const at::Tensor& w2,
                         const at::Tensor& w3, const std::vector<int64_t>& host_counts) {
   TORCH_CHECK(static_cast<int64_t>(host_counts.size()) == w1.size(0),
               "loop_experts: one count per expert");
-  return LoopExperts::apply(x_sorted, w1, w2, w3, host_counts)[0];
+  if (op_tape_recording()) {  // as grouped_swiglu
+    std::vector<at::Tensor> o = loop_outputs(x_sorted, w1, w2, w3, host_counts);
+    op_tape_save(o);
+    return o[0];
+  }
+  std::vector<at::Tensor> saved;
+  if (op_tape_replaying()) saved = op_tape_restore(3);
+  return LoopExperts::apply(x_sorted, w1, w2, w3, host_counts, at::TensorList(saved))[0];
 }
 
 }  // namespace titan

@@ -1,7 +1,10 @@
 // Routed experts: one SwiGLU per expert, weights in torchtitan's GroupedExperts layout
-// w1, w3: (E, hidden, dim), w2: (E, dim, hidden). Two backends compute the same thing:
-//   grouped_mm  at::_grouped_mm over the aligned layout; no host sync (CUDA SM90+, bf16)
-//   loop        one GEMM per expert; one device-to-host copy of the counts per forward
+// w1, w3: (E, hidden, dim), w2: (E, dim, hidden). The backends compute the same thing:
+//   grouped_mm  the grouped experts op with at::_grouped_mm (CUDA 9.x/10.x); no host sync
+//   cutlass     the grouped experts op with the device-scheduled CUTLASS grouped GEMM (CUDA
+//               SM80 and up); no host sync
+//   loop        one GEMM per expert; one device-to-host copy of the counts per forward (the
+//               named syncing reference)
 // (docs/moe.md).
 #pragma once
 
@@ -10,31 +13,50 @@
 #include <string>
 #include <vector>
 
+#include "core/train/expert_exchange.h"
 #include "moe/dispatch.h"
+#include "moe/grouped_gemm.h"
 
 namespace titan {
 
-enum class ExpertsBackend { GroupedMM, Loop };
+enum class ExpertsBackend { GroupedMM, Cutlass, Loop };
 const char* experts_backend_name(ExpertsBackend b);
+// The grouped kernel of a grouped backend for tensors on `device` (Cpu off CUDA).
+GroupedKernel grouped_kernel(ExpertsBackend b, at::Device device);
 
-// Resolves moe.experts_backend ("auto", "grouped_mm" or "loop") for `device`: auto picks
-// grouped_mm on a CUDA device of compute capability >= 9.0 and loop otherwise. Logs the choice
-// and the reason. Throws UserError when grouped_mm is asked for where it cannot run.
+// Resolves moe.experts_backend ("auto", "grouped_mm", "cutlass" or "loop") for `device`.
+// auto: grouped_mm on CUDA compute capability 9.x and 10.x, cutlass on every other CUDA GPU
+// from 8.0 up (when the build holds it), loop on the CPU (where reading the counts is a memory
+// read, not a device sync) and below 8.0. Logs the choice and the reason. Throws UserError
+// when grouped_mm or cutlass is asked for where it cannot run.
 ExpertsBackend select_experts_backend(const std::string& requested, at::Device device);
 // Compute capability major*10+minor of a CUDA device; 0 when CUDA is unavailable.
 int cuda_compute_capability(at::Device device);
 
-// Rows per group that the backend needs: 8 for grouped_mm (16 bytes of bf16), 0 for loop.
+// Rows per group that the backend needs: 8 for the grouped backends (16 bytes of bf16), 0 for
+// loop.
 int64_t experts_alignment(ExpertsBackend b);
 
-// The loop backend's one host sync: the per-expert counts as host integers.
-std::vector<int64_t> counts_to_host(const at::Tensor& counts);
+// counts_to_host (core/train/expert_exchange.h) is the loop backend's one host read.
+
+// The grouped experts op: one autograd function, h = silu(x w1^T) * (x w3^T), y = h w2^T per
+// group, over rows grouped by offs (E) int32 cumulative end rows on x's device (rows past
+// offs[E-1] are not computed; the aligned layout's last group runs to M). Its backward is
+// five grouped GEMMs (two NN for dx, three TN for the weight gradients) plus the SwiGLU's
+// elementwise gradient, with the same kernel. x (M, D) and the weights in one dtype: bf16 for
+// the CUDA kernels. Saves x, the weights and the two hidden pre-activations.
+at::Tensor grouped_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k);
 
 // x_padded: (M, D) rows in d's aligned layout (permute_tokens with an aligned dispatch).
-// Returns (M, D) in x_padded's dtype, padding rows zero. On CUDA the GEMMs run in bf16 (as torchtitan does); elsewhere in x's dtype, where
-// at::_grouped_mm falls back to a per-group loop (tests and benchmarks only).
+// Returns (M, D) in x_padded's dtype, padding rows zero. On CUDA the GEMMs run in bf16 (as
+// torchtitan does); on the CPU in x's dtype, through at::_grouped_mm's CPU kernel.
 at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
-                           const at::Tensor& w3, const Dispatch& d);
+                           const at::Tensor& w3, const Dispatch& d,
+                           ExpertsBackend b = ExpertsBackend::GroupedMM);
+// The same over explicit offsets (E) int32: rows past offs[E-1] are left unwritten.
+at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
+                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b);
 // host_counts: rows per expert (sum N). An autograd function whose backward reuses the host
 // counts, so backward adds no sync.
 at::Tensor loop_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const at::Tensor& w2,

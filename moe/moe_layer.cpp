@@ -1,5 +1,6 @@
 #include "moe/moe_layer.h"
 
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 #include "core/train/recompute.h"
 
@@ -41,6 +42,8 @@ MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::str
   expert_bias = at::zeros({E}, opts);
   tokens_per_expert = at::zeros({E}, opts);
   load_since_log = at::zeros({E}, opts);
+  dropped_tokens = at::zeros({}, opts);
+  dropped_since_log = at::zeros({}, opts);
 }
 
 void MoELayer::reset_state() {
@@ -48,12 +51,15 @@ void MoELayer::reset_state() {
   expert_bias.zero_();
   tokens_per_expert.zero_();
   load_since_log.zero_();
-  pending_counts_.clear();
+  dropped_tokens.zero_();
+  dropped_since_log.zero_();
+  pending_.clear();
 }
 
 at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>& w, Mode mode) {
   const int64_t B = x3.size(0), S = x3.size(1), D = x3.size(2);
   const int64_t E = args_.num_experts, K = args_.top_k;
+  ModuleScope scope("moe");
   size_t k = 0;
   const at::Tensor& gw = w[k++];
   at::Tensor gb = gate_b_ >= 0 ? w[k++] : at::Tensor();
@@ -62,7 +68,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   at::Tensor x = x3.reshape({B * S, D});  // (T, D)
 
   Routing r = route_tokens(x, gw, gb, expert_bias, args_);
-  const bool grouped = args_.backend == ExpertsBackend::GroupedMM;
+  const bool grouped = args_.backend != ExpertsBackend::Loop;
   // grouped_mm: the permute writes the aligned layout and the combine reads it, so no pad or
   // unpad copy. Expert parallelism sends rows in plain expert order and aligns them locally.
   const bool aligned = grouped && !ep_;
@@ -84,20 +90,18 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   if (ep_) {
     out_sorted = expert_parallel_experts(routed, w1, w2, w3, d, mode, recompute);
   } else if (grouped) {
-    out_sorted = grouped_experts(routed, w1, w2, w3, d);
+    out_sorted = grouped_experts(routed, w1, w2, w3, d, args_.backend);
   } else {
     // The loop backend's one host sync per layer and forward. A checkpointed forward leaves
     // its counts for the recompute, which then reads no device value either.
+    std::optional<Pending> known = take_pending(recompute);
     std::vector<int64_t> host;
-    if (recompute && !pending_counts_.empty()) {
-      host = std::move(pending_counts_.front());
-      pending_counts_.pop_front();
-    } else {
-      // Meta tensors (titan-train estimate) carry no counts: perfectly balanced routing.
+    if (known)
+      host = std::move(known->host);
+    else  // Meta tensors (titan-train estimate) carry no counts: perfectly balanced routing.
       host = routed.is_meta() ? balanced_counts(routed.size(0), d.counts.size(0))
                               : counts_to_host(d.counts);
-      if (mode.checkpointed && !recompute) pending_counts_.push_back(host);
-    }
+    keep_pending(mode, recompute, Pending{host, {}, {}});
     out_sorted = loop_experts(routed, w1, w2, w3, host);
   }
 
@@ -129,35 +133,74 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
   return out.view({B, S, D});
 }
 
+std::optional<MoELayer::Pending> MoELayer::take_pending(bool recompute) {
+  if (!recompute || pending_.empty()) return std::nullopt;
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  return p;
+}
+
+void MoELayer::keep_pending(Mode mode, bool recompute, Pending p) {
+  if (mode.checkpointed && !recompute) pending_.push_back(std::move(p));
+}
+
 at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
                                              const at::Tensor& w2, const at::Tensor& w3,
                                              const Dispatch& d, Mode mode, bool recompute) {
-  // The exchange's host read of the split sizes is expert parallelism's named sync; a
-  // recompute reuses the checkpointed forward's splits (the routing is the same).
-  std::vector<int64_t> known;
-  if (recompute && !pending_counts_.empty()) {
-    known = std::move(pending_counts_.front());
-    pending_counts_.pop_front();
+  // A recompute reuses its forward's exchanged counts (the routing is the same): no counts
+  // exchange, and under the exact exchange no host read.
+  std::optional<Pending> known = take_pending(recompute);
+  ExpertExchange::Received ref;
+  if (known) {
+    ref.recv_counts = known->recv_counts;
+    ref.splits = known->splits;
   }
-  ExpertExchange::Received got = ep_->dispatch(routed, d.counts, known.empty() ? nullptr : &known);
-  if (mode.checkpointed && !recompute) pending_counts_.push_back(got.splits);
-  const int64_t El = static_cast<int64_t>(got.local_counts.size());
-  TORCH_CHECK(w1.size(0) == El, "expert parallelism: this rank holds ", w1.size(0),
-              " experts but receives rows for ", El);
-  at::Tensor y;
-  if (args_.backend == ExpertsBackend::GroupedMM) {
-    const auto idx = at::TensorOptions().dtype(at::kLong).device(routed.device());
-    // output_size: the row count is known on the host, so repeat_interleave needs no sync.
-    at::Tensor ids = at::repeat_interleave(
-        at::arange(El, idx), at::tensor(got.local_counts, idx.device(at::kCPU)).to(routed.device()),
-        /*dim=*/0, /*output_size=*/got.rows.size(0));
-    Dispatch local = plan_dispatch(ids.view({-1, 1}), El, experts_alignment(args_.backend));
-    // The rows arrive in expert order (ids ascending), so the aligned permute is one gather.
-    y = unpad_groups(grouped_experts(permute_tokens(got.rows, local), w1, w2, w3, local), local);
-  } else {
-    y = loop_experts(got.rows, w1, w2, w3, got.local_counts);
+  ExpertExchange::Received got =
+      ep_->dispatch(routed, d.counts, args_.top_k, known ? &ref : nullptr);
+  TORCH_CHECK(w1.size(0) * ep_->size() == args_.num_experts, "expert parallelism: this rank holds ",
+              w1.size(0), " experts of ", args_.num_experts, " over ", ep_->size(), " ranks");
+  if (got.dropped.defined() && mode.training && !recompute) {
+    at::NoGradGuard ng;
+    dropped_tokens.add_(got.dropped);
   }
+  std::vector<int64_t> host = known ? known->host : std::vector<int64_t>{};
+  at::Tensor y = local_experts(got, w1, w2, w3, host);
+  keep_pending(mode, recompute, Pending{host, got.recv_counts, got.splits});
   return ep_->combine(y, got);
+}
+
+at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3,
+                                   std::vector<int64_t>& host_counts) {
+  const int64_t El = w1.size(0), align = 8;
+  // Rows grouped by local expert and aligned, on the device; the static exchange's empty
+  // slots (local expert El) form one more group after the last, which no GEMM computes.
+  Dispatch local = plan_dispatch(got.local_expert.view({-1, 1}), El + 1, align);
+  at::Tensor xa = permute_tokens(got.rows, local);  // (M, D)
+  at::Tensor ya;
+  if (args_.backend != ExpertsBackend::Loop) {
+    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend);
+  } else {
+    // The loop's host counts: the exact exchange read them already; under the static
+    // exchange this is the loop's own sync.
+    if (host_counts.empty())
+      host_counts = got.host_local_counts.empty()
+                        ? counts_to_host(local.counts.narrow(0, 0, El))
+                        : got.host_local_counts;
+    std::vector<int64_t> sizes;  // the aligned groups' rows
+    int64_t rows = 0;
+    for (int64_t c : host_counts) {
+      sizes.push_back((std::max(c, align) + (align - 1)) / align * align);
+      rows += sizes.back();
+    }
+    at::Tensor head = loop_experts(xa.narrow(0, 0, rows), w1, w2, w3, sizes);
+    ya = at::cat({head, at::zeros({xa.size(0) - rows, xa.size(1)}, head.options())});
+  }
+  at::Tensor y = unpad_groups(ya, local);  // (R, D) in arrival order
+  // Empty slots hold no computed row (their values are undefined): zero, as the exchange
+  // expects (their gradient is zero as well).
+  if (got.has_empty_slots) y = y.masked_fill((got.local_expert == El).unsqueeze(1), 0);
+  return y;
 }
 
 at::Tensor MoELayer::take_aux_loss() {
@@ -172,14 +215,16 @@ void moe_balance_step(const std::vector<MoELayer*>& layers,
   at::NoGradGuard ng;
   std::vector<at::Tensor> c;
   for (auto* l : layers) {
-    c.push_back(l->tokens_per_expert);
+    // The layer's counts, then its dropped rows: one collective for both.
+    c.push_back(at::cat({l->tokens_per_expert, l->dropped_tokens.view({1})}));
     l->clear_pending();  // every backward of this step has run
   }
-  at::Tensor counts = at::stack(c);  // (L, E)
-  if (dp_allreduce) dp_allreduce(counts);
+  at::Tensor both = at::stack(c);  // (L, E + 1)
+  if (dp_allreduce) dp_allreduce(both);
+  const int64_t E = both.size(1) - 1;
   for (size_t i = 0; i < layers.size(); ++i) {
     MoELayer& l = *layers[i];
-    at::Tensor cnt = counts[static_cast<int64_t>(i)];
+    at::Tensor cnt = both[static_cast<int64_t>(i)].narrow(0, 0, E);
     const double coeff = l.args().load_balance_coeff;
     if (coeff > 0) {
       at::Tensor delta = at::sign(cnt.mean() - cnt) * coeff;
@@ -187,7 +232,9 @@ void moe_balance_step(const std::vector<MoELayer*>& layers,
       l.expert_bias.add_(delta);
     }
     l.load_since_log.add_(cnt);
+    l.dropped_since_log.add_(both[static_cast<int64_t>(i)][E]);
     l.tokens_per_expert.zero_();
+    l.dropped_tokens.zero_();
   }
 }
 
@@ -197,15 +244,20 @@ std::map<std::string, double> moe_load_metrics(
   if (layers.empty()) return m;
   at::NoGradGuard ng;
   std::vector<at::Tensor> c;
-  for (auto& [id, l] : layers) c.push_back(l->load_since_log);
-  at::Tensor counts = at::stack(c).to(at::kCPU, at::kDouble);  // (L, E): the log step's read
+  for (auto& [id, l] : layers)
+    c.push_back(at::cat({l->load_since_log, l->dropped_since_log.view({1})}));
+  at::Tensor both = at::stack(c).to(at::kCPU, at::kDouble);  // (L, E + 1): the log step's read
+  const int64_t E = both.size(1) - 1;
+  // Rows dropped over the static exchange's capacity, all layers (0 without drops).
+  m["moe_dropped_tokens"] = both.select(1, E).sum().item<double>();
   for (size_t i = 0; i < layers.size(); ++i) {
-    at::Tensor cnt = counts[static_cast<int64_t>(i)];
+    at::Tensor cnt = both[static_cast<int64_t>(i)].narrow(0, 0, E);
     const double mean = cnt.mean().item<double>();
     const std::string p = "moe/layer" + std::to_string(layers[i].first) + "/";
     m[p + "max_mean_load_ratio"] = mean > 0 ? cnt.max().item<double>() / mean : 0.0;
     m[p + "dead_experts"] = static_cast<double>((cnt == 0).sum().item<int64_t>());
     layers[i].second->load_since_log.zero_();
+    layers[i].second->dropped_since_log.zero_();
   }
   return m;
 }

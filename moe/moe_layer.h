@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,7 @@ class MoELayer {
   // through `ex`.
   void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { ep_ = std::move(ex); }
   int64_t hidden() const { return hidden_; }
+  int64_t dim() const { return dim_; }
   const std::string& prefix() const { return prefix_; }
 
   // Training state. expert_bias (E) fp32: added to the scores for selection only.
@@ -70,9 +72,13 @@ class MoELayer {
   // load-metrics read.
   at::Tensor expert_bias, tokens_per_expert, load_since_log;
 
-  // Host counts saved by checkpointed loop-backend forwards for their recompute.
-  size_t pending_recomputes() const { return pending_counts_.size(); }
-  void clear_pending() { pending_counts_.clear(); }
+  // Rows this layer's training forwards dropped over the static exchange's capacity since the
+  // last optimizer step (fp32 scalar), and the steps' sum since the last metrics read.
+  at::Tensor dropped_tokens, dropped_since_log;
+
+  // Values saved by checkpointed forwards for their recompute.
+  size_t pending_recomputes() const { return pending_.size(); }
+  void clear_pending() { pending_.clear(); }
 
  private:
   MoEArgs args_;
@@ -87,10 +93,24 @@ class MoELayer {
                                      const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
                                      Mode mode, bool recompute);
 
-  // The host integers of the layer's one named sync per forward: the loop backend's counts,
-  // or expert parallelism's split sizes. A checkpointed forward leaves them here for its
-  // recompute, which then makes no host read (and, under EP, no counts exchange).
-  std::deque<std::vector<int64_t>> pending_counts_;
+  // What a checkpointed forward leaves for its recompute, which then makes no host read and,
+  // under EP, no counts exchange: the host integers of the layer's one named sync (the loop
+  // backend's counts) and the exchange's counts (device, and the exact exchange's host
+  // splits).
+  struct Pending {
+    std::vector<int64_t> host;
+    at::Tensor recv_counts;
+    std::vector<int64_t> splits;
+  };
+  // The oldest pending entry when this is a recompute (the forwards' order), else nothing.
+  std::optional<Pending> take_pending(bool recompute);
+  void keep_pending(Mode mode, bool recompute, Pending p);
+  // This rank's experts over the exchange's rows: the local aligned layout on the device,
+  // the grouped op or the loop, rows back in arrival order.
+  at::Tensor local_experts(const ExpertExchange::Received& got, const at::Tensor& w1,
+                           const at::Tensor& w2, const at::Tensor& w3,
+                           std::vector<int64_t>& host_counts);
+  std::deque<Pending> pending_;
   at::Tensor aux_;
   std::shared_ptr<ExpertExchange> ep_;
 };

@@ -79,38 +79,20 @@ void DataParallel::grad_ready(size_t i) {
     launch(buckets_[next_++]);
 }
 
-void DataParallel::launch(Bucket& b) {
-  at::NoGradGuard ng;
-  std::vector<at::Tensor> flat;
-  for (size_t i : b.params) {
-    const at::Tensor& g = params_[i].grad();
-    // A parameter no token reached this step (an idle MoE expert) has no gradient here but
-    // may have one on another rank: it contributes zeros.
-    flat.push_back(g.defined() ? g.reshape({-1})
-                               : at::zeros({params_[i].numel()}, params_[i].options()));
-  }
-  b.buf = at::cat(flat).to(reduce_dtype_);
-  b.work = pg_.allreduce_start(b.buf, ReduceOp::Sum);
+std::vector<at::Tensor> DataParallel::tensors_of(const Bucket& b) const {
+  std::vector<at::Tensor> r;
+  r.reserve(b.params.size());
+  for (size_t i : b.params) r.push_back(params_[i]);
+  return r;
 }
+
+void DataParallel::launch(Bucket& b) { b.flat.start(pg_, tensors_of(b), reduce_dtype_); }
 
 void DataParallel::reduce_gradients(const std::vector<at::Tensor>&) {
   at::NoGradGuard ng;
   while (next_ < buckets_.size()) launch(buckets_[next_++]);
   for (Bucket& b : buckets_) {
-    b.work.wait();
-    at::Tensor buf = b.buf.scalar_type() == at::kFloat ? b.buf : b.buf.to(at::kFloat);
-    int64_t off = 0;
-    for (size_t i : b.params) {
-      at::Tensor p = params_[i];
-      const int64_t n = p.numel();
-      at::Tensor part = buf.narrow(0, off, n).view_as(p);
-      if (p.grad().defined())
-        p.mutable_grad().copy_(part);
-      else
-        p.mutable_grad() = part.clone();
-      off += n;
-    }
-    b.buf = at::Tensor();
+    b.flat.finish(tensors_of(b));
     b.ready = 0;
   }
   next_ = 0;

@@ -12,6 +12,7 @@
 
 #include "core/train/grad_sync.h"
 #include "core/train/model.h"
+#include "parallel/flat_grad_allreduce.h"
 #include "parallel/process_group.h"
 
 namespace titan {
@@ -55,9 +56,9 @@ class DataParallel : public GradSync {
   struct Bucket {
     std::vector<size_t> params;  // parameter indices, in reverse parameter order
     int64_t ready = 0;           // how many of them have their gradient this backward
-    at::Tensor buf;              // flat, reduce dtype, while in flight
-    CommWork work;
+    FlatGradAllReduce flat;
   };
+  std::vector<at::Tensor> tensors_of(const Bucket& b) const;  // its parameters, in order
   void launch(Bucket& b);
 
   ProcessGroup& pg_;

@@ -2,6 +2,13 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/base/log.h"
+#include "core/train/recompute.h"
+
 namespace titan {
 namespace {
 
@@ -13,15 +20,17 @@ int64_t sum_of(const std::vector<int64_t>& v) {
   for (int64_t x : v) n += x;
   return n;
 }
-
 // Differentiable row all-to-all: the gradient travels back along the reversed splits.
+// `saved`: the output of an op-level checkpoint's forward (then no communication), or nothing.
 struct AllToAll : public torch::autograd::Function<AllToAll> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t pg_ptr,
-                               std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+                               std::vector<int64_t> out_splits, std::vector<int64_t> in_splits,
+                               at::TensorList saved) {
     auto& pg = *reinterpret_cast<ProcessGroup*>(pg_ptr);
     ctx->saved_data["pg"] = pg_ptr;
     ctx->saved_data["out"] = out_splits;
     ctx->saved_data["in"] = in_splits;
+    if (!saved.empty()) return {saved[0].detach()};
     std::vector<int64_t> shape = x.sizes().vec();
     shape[0] = sum_of(out_splits);
     at::Tensor out = at::empty(shape, x.options());
@@ -36,105 +45,193 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
     shape[0] = sum_of(in_splits);
     at::Tensor gx = at::empty(shape, g[0].options());
     pg.all_to_all(gx, g[0].contiguous(), in_splits, out_splits);
-    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
+    variable_list r{gx};
+    r.resize(5);  // pg, splits and the optional saved output: none
+    return r;
   }
 };
 
+// The rows' all-to-all. Under op-level checkpointing its result is saved in the forward and
+// handed back in the recompute, which then does not communicate (docs/moe.md).
+at::Tensor rows_all_to_all(ProcessGroup& pg, const at::Tensor& x,
+                           const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits) {
+  const auto pg_ptr = reinterpret_cast<int64_t>(&pg);
+  if (op_tape_recording()) {
+    at::Tensor y = AllToAll::apply(x, pg_ptr, out_splits, in_splits, at::TensorList())[0];
+    op_tape_save({y});
+    return y;
+  }
+  std::vector<at::Tensor> saved;
+  if (op_tape_replaying()) saved = op_tape_restore(1);
+  return AllToAll::apply(x, pg_ptr, out_splits, in_splits, at::TensorList(saved))[0];
+}
+
+// Exact: the host split sizes. Static: the gather index that brings the returned rows home.
 struct Plan {
   std::vector<int64_t> in_splits, out_splits;  // rows sent to / received from each rank
-  at::Tensor inv;                              // [expert][src] order -> [src][expert] order
+  at::Tensor back;                             // static: (N) slot of each row, P*C if dropped
+  int64_t capacity = 0;
 };
 
 class ProcessGroupExchange : public ExpertExchange {
  public:
-  explicit ProcessGroupExchange(ProcessGroup& pg) : pg_(pg) {}
+  ProcessGroupExchange(ProcessGroup& pg, const EpExchangeOptions& o) : pg_(pg), opt_(o) {}
   int64_t size() const override { return pg_.size(); }
   int64_t rank() const override { return pg_.rank(); }
 
-  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts,
-                    const std::vector<int64_t>* known_splits) override {
+  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts, int64_t top_k,
+                    const Received* known) override {
     const int64_t P = pg_.size(), E = counts.size(0), El = E / P;
     TORCH_CHECK(El * P == E, "expert parallelism: ", E, " experts over ", P, " ranks");
     Received r;
-    if (known_splits) {
-      TORCH_CHECK(static_cast<int64_t>(known_splits->size()) == 2 * E,
-                  "expert parallelism: cached splits for another expert count");
-      r.splits = *known_splits;
-    } else {
-      r.splits = exchange_counts(counts, P, El);
+    // 1. recv_counts[src * El + j] = rows rank src sends to local expert j: a constant-size
+    //    all-to-all that stays on the device (a recompute reuses the forward's).
+    r.recv_counts = known ? known->recv_counts : exchange_counts(counts, P, El);
+    if (!logged_) {  // once, at the first dispatch: what the receive buffers cost
+      logged_ = true;
+      log_info(ep_buffer_summary(opt_, x_sorted.size(0), top_k, P, El, x_sorted.size(1),
+                                 x_sorted.element_size()));
     }
-    const int64_t* c = r.splits.data();
-    at::Tensor recv_counts =
-        at::tensor(std::vector<int64_t>(r.splits.begin() + E, r.splits.end()),
-                   at::TensorOptions().dtype(at::kLong))
-            .to(x_sorted.device());
-    auto plan = std::make_shared<Plan>();
-    plan->in_splits.assign(static_cast<size_t>(P), 0);
-    plan->out_splits.assign(static_cast<size_t>(P), 0);
-    r.local_counts.assign(static_cast<size_t>(El), 0);
-    for (int64_t s = 0; s < P; ++s)
-      for (int64_t j = 0; j < El; ++j) {
-        plan->in_splits[static_cast<size_t>(s)] += c[s * El + j];
-        plan->out_splits[static_cast<size_t>(s)] += c[E + s * El + j];
-        r.local_counts[static_cast<size_t>(j)] += c[E + s * El + j];
-      }
-    // 3. Rows out: x_sorted is in expert order, so each destination's rows are contiguous.
-    at::Tensor recv = AllToAll::apply(x_sorted, reinterpret_cast<int64_t>(&pg_), plan->out_splits,
-                                      plan->in_splits)[0];  // (R, D): [src][local expert]
-    // 4. Regroup [src][expert] -> [expert][src].
-    auto [perm, inv] = regroup(recv_counts, P, El, recv.size(0));
-    plan->inv = inv;
-    r.rows = recv.index_select(0, perm);
-    r.plan = plan;
-    return r;
+    if (opt_.fixed) return dispatch_static(x_sorted, counts, top_k, r, P, El);
+    return dispatch_exact(x_sorted, counts, known, r, P, El);
   }
 
-  // 1. recv_counts[src * El + j] = rows rank src sends to local expert j. 2. The expert-
-  // parallel host sync: the row splits must be host integers. Returns send (E) then recv (E).
-  std::vector<int64_t> exchange_counts(const at::Tensor& counts, int64_t P, int64_t El) {
+  at::Tensor combine(const at::Tensor& y, const Received& r) override {
+    const auto& plan = *static_cast<const Plan*>(r.plan.get());
+    if (!opt_.fixed)  // y is in arrival order, which is the reverse all-to-all's send order
+      return rows_all_to_all(pg_, y, plan.in_splits, plan.out_splits);
+    const std::vector<int64_t> even(static_cast<size_t>(pg_.size()), plan.capacity);
+    at::Tensor home = rows_all_to_all(pg_, y, even, even);
+    // Dropped rows read the appended zero row.
+    return at::cat({home, at::zeros({1, home.size(1)}, home.options())})
+        .index_select(0, plan.back);
+  }
+
+ private:
+  at::Tensor exchange_counts(const at::Tensor& counts, int64_t P, int64_t El) {
     at::NoGradGuard ng;
     at::Tensor send_counts = counts.to(at::kLong).contiguous();
     at::Tensor recv_counts = at::empty_like(send_counts);
     const std::vector<int64_t> even(static_cast<size_t>(P), El);
     pg_.all_to_all(recv_counts, send_counts, even, even);
-    at::Tensor both = at::cat({send_counts, recv_counts}).to(at::kCPU);
-    return std::vector<int64_t>(both.data_ptr<int64_t>(), both.data_ptr<int64_t>() + both.numel());
+    return recv_counts;
   }
 
-  at::Tensor combine(const at::Tensor& y, const Received& r) override {
-    const auto& plan = *static_cast<const Plan*>(r.plan.get());
-    at::Tensor y_recv = y.index_select(0, plan.inv);  // back to [src][expert]
-    return AllToAll::apply(y_recv, reinterpret_cast<int64_t>(&pg_), plan.in_splits,
-                           plan.out_splits)[0];
-  }
-
- private:
-  // recv: (P * El) int64 on the device, recv[s * El + j] rows from source s for local
-  // expert j; R = their sum (known on the host). Returns the gather index that turns
-  // [src][expert] blocks into [expert][src] blocks, and its inverse, built on the device
-  // from the counts (no host loop over rows, no host-to-device copy of R indices).
-  static std::pair<at::Tensor, at::Tensor> regroup(const at::Tensor& recv, int64_t P, int64_t El,
-                                                   int64_t R) {
+  // 2. The exact exchange's host read (the one named sync of expert parallelism per layer and
+  //    forward): the split sizes; then the rows in variable splits.
+  Received dispatch_exact(const at::Tensor& x_sorted, const at::Tensor& counts,
+                          const Received* known, Received& r, int64_t P, int64_t El) {
+    const int64_t E = P * El;
+    r.splits =
+        known ? known->splits : counts_to_host(at::cat({counts.to(at::kLong), r.recv_counts}));
+    TORCH_CHECK(static_cast<int64_t>(r.splits.size()) == 2 * E,
+                "expert parallelism: cached splits for another expert count");
+    const int64_t* c = r.splits.data();
+    auto plan = std::make_shared<Plan>();
+    plan->in_splits.assign(static_cast<size_t>(P), 0);
+    plan->out_splits.assign(static_cast<size_t>(P), 0);
+    r.host_local_counts.assign(static_cast<size_t>(El), 0);
+    for (int64_t s = 0; s < P; ++s)
+      for (int64_t j = 0; j < El; ++j) {
+        plan->in_splits[static_cast<size_t>(s)] += c[s * El + j];
+        plan->out_splits[static_cast<size_t>(s)] += c[E + s * El + j];
+        r.host_local_counts[static_cast<size_t>(j)] += c[E + s * El + j];
+      }
+    // 3. Rows out: x_sorted is in expert order, so each destination's rows are contiguous.
+    r.rows = rows_all_to_all(pg_, x_sorted, plan->out_splits,
+                             plan->in_splits);  // (R, D): [src][local expert]
+    // 4. The local expert of each row, from the device counts (R is a host integer here).
     at::NoGradGuard ng;
-    at::Tensor start = at::cumsum(recv, 0) - recv;                // block starts, [src][expert]
-    at::Tensor len_t = recv.view({P, El}).t().reshape({-1});      // sizes in [expert][src] order
-    at::Tensor start_t = start.view({P, El}).t().reshape({-1});   // their source starts
-    at::Tensor dest_start = at::cumsum(len_t, 0) - len_t;         // where each block lands
-    // Output row i of block b sits at dest_start[b] + o and reads source row start_t[b] + o.
-    at::Tensor iota = at::arange(R, recv.options());
-    at::Tensor perm = iota + at::repeat_interleave(start_t - dest_start, len_t, /*dim=*/0,
-                                                   /*output_size=*/R);
-    at::Tensor inv = at::empty_like(perm).index_put_({perm}, iota);
-    return {perm, inv};
+    at::Tensor ids = at::arange(El, r.recv_counts.options()).repeat({P});
+    r.local_expert = at::repeat_interleave(ids, r.recv_counts, /*dim=*/0,
+                                           /*output_size=*/r.rows.size(0));
+    r.plan = plan;
+    return r;
+  }
+
+  // The static exchange: every pair sends `capacity` rows, the first rows of the source's
+  // block for that destination (in expert order), the rest zero; rows past capacity are
+  // dropped and counted. Nothing is read on the host.
+  Received dispatch_static(const at::Tensor& x, const at::Tensor& counts, int64_t top_k,
+                           Received& r, int64_t P, int64_t El) {
+    const int64_t N = x.size(0), D = x.size(1);
+    const int64_t C = ep_static_capacity(N, top_k, P, El, opt_.capacity_factor);
+    auto plan = std::make_shared<Plan>();
+    plan->capacity = C;
+    at::Tensor send_idx;
+    {
+      at::NoGradGuard ng;
+      auto idx = r.recv_counts.options();
+      at::Tensor cnt = counts.to(at::kLong);
+      at::Tensor per_dest = cnt.view({P, El}).sum(1);         // (P) rows for each rank
+      at::Tensor dest_start = per_dest.cumsum(0) - per_dest;  // (P) their first row
+      at::Tensor q = at::arange(C, idx);
+      // Slot (p, q) reads row dest_start[p] + q, or the appended zero row N past the block.
+      send_idx = at::where(q.unsqueeze(0) < per_dest.unsqueeze(1),
+                           dest_start.unsqueeze(1) + q.unsqueeze(0), at::full({}, N, idx))
+                     .reshape({-1});
+      r.dropped = (per_dest - C).clamp_min(0).sum();
+      // The receiver's layout: slot q of source s belongs to the local expert whose kept rows
+      // (the source's cumulative counts, cut at capacity) first exceed q; El past them.
+      at::Tensor kept_end = r.recv_counts.view({P, El}).cumsum(1).clamp_max(C);  // (P, El)
+      r.local_expert = at::searchsorted(kept_end, q.unsqueeze(0).expand({P, C}).contiguous(),
+                                        /*out_int32=*/false, /*right=*/true)
+                           .reshape({-1});
+      // Where each of this rank's rows comes home: slot p*C + its place in p's block.
+      at::Tensor rows = at::arange(N, idx);
+      at::Tensor dest = at::searchsorted(cnt.cumsum(0), rows, false, true).div(El, "floor");
+      at::Tensor pos = rows - dest_start.index_select(0, dest);
+      plan->back = at::where(pos < C, dest * C + pos, at::full({}, P * C, idx));
+    }
+    at::Tensor send = at::cat({x, at::zeros({1, D}, x.options())}).index_select(0, send_idx);
+    const std::vector<int64_t> even(static_cast<size_t>(P), C);
+    r.rows = rows_all_to_all(pg_, send, even, even);  // (P*C, D)
+    r.has_empty_slots = true;
+    r.plan = plan;
+    return r;
   }
 
   ProcessGroup& pg_;
+  EpExchangeOptions opt_;
+  bool logged_ = false;
 };
+
+std::string mib(double bytes) {
+  std::ostringstream os;
+  os.precision(bytes < 10 * 1048576.0 ? 2 : 0);
+  os << std::fixed << bytes / 1048576.0 << " MiB";
+  return os.str();
+}
 
 }  // namespace
 
-std::shared_ptr<ExpertExchange> make_expert_exchange(ProcessGroup& ep_group) {
-  return std::make_shared<ProcessGroupExchange>(ep_group);
+int64_t ep_static_capacity(int64_t n, int64_t top_k, int64_t P, int64_t El, double factor) {
+  const int64_t worst = n / std::max<int64_t>(top_k, 1) * std::min(top_k, El);
+  if (!std::isfinite(factor)) return worst;
+  const double c = std::ceil(factor * static_cast<double>(n) / static_cast<double>(P));
+  return std::max<int64_t>(1, std::min<int64_t>(worst, static_cast<int64_t>(c)));
+}
+
+std::string ep_buffer_summary(const EpExchangeOptions& o, int64_t n, int64_t top_k, int64_t P,
+                              int64_t El, int64_t dim, int64_t elem_bytes) {
+  const double row = static_cast<double>(dim * elem_bytes);
+  const int64_t worst = ep_static_capacity(n, top_k, P, El, INFINITY);
+  const int64_t cap = ep_static_capacity(n, top_k, P, El, o.capacity_factor);
+  std::ostringstream os;
+  os << "=> MoE expert-parallel exchange = " << (o.fixed ? "static" : "exact")
+     << "; receive buffer per MoE layer and forward, " << n << " routed rows of " << dim
+     << " over " << P << " ranks: static " << P * cap << " rows = " << mib(P * cap * row)
+     << " (capacity " << cap << " rows per pair";
+  if (std::isfinite(o.capacity_factor)) os << ", factor " << o.capacity_factor;
+  os << "), static no-drop worst case " << mib(P * worst * row) << ", exact "
+     << mib(n * row) << " when balanced, up to " << mib(P * worst * row);
+  return os.str();
+}
+
+std::shared_ptr<ExpertExchange> make_expert_exchange(ProcessGroup& ep_group,
+                                                     const EpExchangeOptions& options) {
+  return std::make_shared<ProcessGroupExchange>(ep_group, options);
 }
 
 }  // namespace titan

@@ -1,19 +1,41 @@
 // Expert parallelism's token exchange over an ep process group: the implementation of
-// core/train/expert_exchange.h that the MoE layers call (docs/distributed.md).
+// core/train/expert_exchange.h that the MoE layers call (docs/moe.md, docs/distributed.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/train/expert_exchange.h"
 #include "parallel/process_group.h"
 
 namespace titan {
 
-// Rank r of the ep group holds experts [r*E/P, (r+1)*E/P). dispatch() exchanges the per-expert
-// counts, reads the split sizes on the host (the one named host sync of expert parallelism,
-// once per MoE layer and forward), sends each rank the rows of its experts through a
-// differentiable all-to-all and regroups them [source][expert] -> [expert][source]; combine()
-// undoes both. Within an expert, rows keep source-rank order and each source's own order.
-std::shared_ptr<ExpertExchange> make_expert_exchange(ProcessGroup& ep_group);
+struct EpExchangeOptions {
+  // Static: the counts travel in a constant-size all-to-all (E int64 per rank), the rows in
+  // equal splits of `capacity` rows per (source, destination) pair, and the receiver builds
+  // its layout on the device: no host read, fixed shapes. Exact: the split sizes are read on
+  // the host once per layer and forward (counts_to_host) and the rows travel in
+  // variable splits.
+  bool fixed = false;
+  // Static: rows per pair = min(ceil(factor * N / P), the worst case N / K * min(K, E / P)),
+  // N = T * K routed rows of this rank; inf: the worst case, which never drops.
+  double capacity_factor = 0;
+};
+
+// Rows per (source, destination) pair of the static exchange for n routed rows of top_k
+// choices each, over P ranks holding El experts each.
+int64_t ep_static_capacity(int64_t n, int64_t top_k, int64_t P, int64_t El, double factor);
+
+// The start-up line that states what each exchange's receive buffer costs per MoE layer and
+// forward, for n routed rows of `dim` values of `elem_bytes` bytes.
+std::string ep_buffer_summary(const EpExchangeOptions& o, int64_t n, int64_t top_k, int64_t P,
+                              int64_t El, int64_t dim, int64_t elem_bytes);
+
+// Rank r of the ep group holds experts [r*E/P, (r+1)*E/P). dispatch() sends each rank the rows
+// of its experts through a differentiable all-to-all; combine() sends the outputs back.
+// Within an expert, rows keep source-rank order and each source's own order.
+std::shared_ptr<ExpertExchange> make_expert_exchange(ProcessGroup& ep_group,
+                                                     const EpExchangeOptions& options);
 
 }  // namespace titan

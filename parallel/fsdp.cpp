@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "parallel/flat_grad_allreduce.h"
+
 namespace titan {
 
 using torch::autograd::AutogradContext;
@@ -92,8 +94,7 @@ struct FullyShardedDataParallel::Reduction {
 // HSDP: a unit's shard gradients (flat, reduce dtype) being summed over the replicas.
 struct FullyShardedDataParallel::Replication {
   int64_t unit = -1;
-  at::Tensor buf;
-  CommWork work;
+  FlatGradAllReduce flat;
 };
 
 // forward: shards -> full weights (all-gather); backward: full grads -> shard grads
@@ -336,8 +337,9 @@ void FullyShardedDataParallel::start_reduce_scatter(Unit& u,
   r.recv = at::empty({u.chunk_total}, opt);
   r.work = u.group->reduce_scatter_start(r.recv, r.send);
   reductions_.push_back(std::move(r));
-  // Finish what is done already (never blocks), then bound the buffers held in flight.
-  while (!reductions_.empty() && reductions_.front().work.ready()) finish_oldest_reduction();
+  // Bound the buffers held in flight. A fixed schedule, not a poll of which reductions are
+  // done already: the step's control flow must not depend on host timing, so that every
+  // step issues the same ops in the same order (what a captured CUDA graph replays).
   while (static_cast<int64_t>(reductions_.size()) > opts_.max_inflight_reductions)
     finish_oldest_reduction();
 }
@@ -367,16 +369,19 @@ void FullyShardedDataParallel::finish_oldest_reduction() {
   if (r.last && mesh_.replicate > 1) start_replication(r.unit);
 }
 
+std::vector<at::Tensor> FullyShardedDataParallel::shards_of(int64_t unit) const {
+  const auto& params = model_.params().all();
+  std::vector<at::Tensor> r;
+  for (int64_t i : units_[static_cast<size_t>(unit)]->params)
+    r.push_back(params[static_cast<size_t>(i)].value);
+  return r;
+}
+
 void FullyShardedDataParallel::start_replication(int64_t unit) {
-  Unit& u = *units_[static_cast<size_t>(unit)];
-  auto& params = model_.params().all();
-  std::vector<at::Tensor> flat;
-  for (int64_t i : u.params) flat.push_back(params[static_cast<size_t>(i)].value.grad().reshape({-1}));
   Replication rep;
   rep.unit = unit;
-  rep.buf = at::cat(flat).to(opts_.reduce_dtype);
-  rep.work = mesh_.replicate_group->allreduce_start(rep.buf, ReduceOp::Sum);
-  if (opts_.max_inflight_reductions == 0) rep.work.wait();
+  rep.flat.start(*mesh_.replicate_group, shards_of(unit), opts_.reduce_dtype);
+  if (opts_.max_inflight_reductions == 0) rep.flat.work.wait();
   replications_.push_back(std::move(rep));
 }
 
@@ -422,17 +427,7 @@ at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor
 void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) {
   at::NoGradGuard ng;
   while (!reductions_.empty()) finish_oldest_reduction();
-  auto& params = model_.params().all();
-  for (Replication& rep : replications_) {
-    rep.work.wait();
-    at::Tensor sum = rep.buf.to(at::kFloat);
-    int64_t off = 0;
-    for (int64_t i : units_[static_cast<size_t>(rep.unit)]->params) {
-      at::Tensor p = params[static_cast<size_t>(i)].value;
-      p.mutable_grad().copy_(sum.narrow(0, off, p.numel()).view_as(p));
-      off += p.numel();
-    }
-  }
+  for (Replication& rep : replications_) rep.flat.finish(shards_of(rep.unit));
   replications_.clear();
   // A backward prefetch nobody consumed (a block whose output got no gradient) holds the
   // weights from before the optimizer step: finish it and drop it.

@@ -80,6 +80,7 @@ class FullyShardedDataParallel : public GradSync {
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
   void start_reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
   void finish_oldest_reduction();
+  std::vector<at::Tensor> shards_of(int64_t unit) const;  // its parameters' shards, in order
   void start_replication(int64_t unit);
   void release(Unit& u);
 

@@ -32,36 +32,37 @@ void read_master(LaunchEnv& e, const char* launcher) {
         "rank 0 (export MASTER_ADDR in the batch script, see scripts/slurm_example.sbatch)");
 }
 
+// The variables one launcher sets for each process; `restarts` may be null.
+struct LauncherVars {
+  const char *source, *name, *rank, *world_size, *local_rank, *local_world_size, *restarts;
+};
+
+void read_launcher(LaunchEnv& e, const LauncherVars& v) {
+  e.source = v.source;
+  e.rank = env_int(v.rank, 0);
+  e.world_size = env_int(v.world_size, 1);
+  e.local_rank = env_int(v.local_rank, 0);
+  e.local_world_size = env_int(v.local_world_size, e.world_size);
+  if (v.restarts) e.restart_count = env_int(v.restarts, 0);
+  read_master(e, v.name);
+}
+
 }  // namespace
 
 LaunchEnv detect_launch_env() {
   LaunchEnv e;
   if (env("RANK") && env("WORLD_SIZE")) {  // torchrun (or anything torch.distributed-like)
-    e.source = "torchrun";
-    e.rank = env_int("RANK", 0);
-    e.world_size = env_int("WORLD_SIZE", 1);
-    e.local_rank = env_int("LOCAL_RANK", 0);
-    e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
-    e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+    read_launcher(e, {"torchrun", "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                      "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"});
     const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
     e.agent_store = agent && (std::string(agent) == "True" || std::string(agent) == "true" ||
                               std::string(agent) == "1");
-    read_master(e, "torchrun");
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
-    e.source = "slurm";
-    e.rank = env_int("SLURM_PROCID", 0);
-    e.world_size = env_int("SLURM_NTASKS", 1);
-    e.local_rank = env_int("SLURM_LOCALID", 0);
-    e.local_world_size = env_int("SLURM_NTASKS_PER_NODE", e.world_size);
-    e.restart_count = env_int("SLURM_RESTART_COUNT", 0);
-    read_master(e, "Slurm");
+    read_launcher(e, {"slurm", "Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                      "SLURM_NTASKS_PER_NODE", "SLURM_RESTART_COUNT"});
   } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
-    e.source = "openmpi";
-    e.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-    e.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    e.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    e.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", e.world_size);
-    read_master(e, "OpenMPI");
+    read_launcher(e, {"openmpi", "OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr});
   }
   if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size)
     throw UserError(e.source + " launch: rank " + std::to_string(e.rank) +

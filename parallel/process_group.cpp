@@ -23,7 +23,16 @@
 #include "core/base/errors.h"
 #include "core/base/log.h"
 
+#include <ATen/record_function.h>
+
 namespace titan {
+
+// Every collective is a user scope carrying its tensors (and split sizes): a named span in
+// profiler traces, and what the CPU capture check compares from step to step (a collective
+// that changes size cannot be replayed by a CUDA graph).
+#define TITAN_COLLECTIVE_SCOPE(name, ...) \
+  RECORD_USER_SCOPE_WITH_INPUTS("titan::collective:" name, std::vector<c10::IValue>({__VA_ARGS__}))
+
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
@@ -266,6 +275,7 @@ void ProcessGroup::start_training() {
 }
 
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
+  TITAN_COLLECTIVE_SCOPE("all-reduce", t);
   if (!impl_->backend) return;
   count_comm("all-reduce", t);
   WaitTimer timer(impl_->cuda);
@@ -281,6 +291,7 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
 }
 
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
+  TITAN_COLLECTIVE_SCOPE("broadcast", t);
   if (!impl_->backend) return;
   count_comm("broadcast", t);
   WaitTimer timer(impl_->cuda);
@@ -359,6 +370,7 @@ void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& in) {
 }
 
 CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
+  TITAN_COLLECTIVE_SCOPE("all-gather", out, in);
   TORCH_CHECK(out.numel() == in.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
               "all_gather: out must hold size() x in.numel() contiguous elements");
   if (!impl_->backend) {
@@ -386,6 +398,7 @@ CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
 }
 
 CommWork ProcessGroup::allreduce_start(at::Tensor& t, ReduceOp op) {
+  TITAN_COLLECTIVE_SCOPE("all-reduce", t);
   if (!impl_->backend) return {};
   if (!g_in_reduce_scatter) count_comm("all-reduce", t);
   try {
@@ -404,6 +417,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
 }
 
 CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
+  TITAN_COLLECTIVE_SCOPE("reduce-scatter", out, in);
   TORCH_CHECK(in.numel() == out.numel() * size_ && out.is_contiguous() && in.is_contiguous(),
               "reduce_scatter: in must hold size() x out.numel() contiguous elements");
   if (!impl_->backend) {
@@ -439,9 +453,19 @@ CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_all_to_alls{0};
+}  // namespace
+
+int64_t ProcessGroup::all_to_all_calls() {
+  return g_all_to_alls.load();
+}
+
 void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
                               const std::vector<int64_t>& out_splits,
                               const std::vector<int64_t>& in_splits) {
+  ++g_all_to_alls;
+  TITAN_COLLECTIVE_SCOPE("all-to-all", out, in, c10::IValue(out_splits), c10::IValue(in_splits));
   if (!impl_->backend) {
     out.copy_(in);
     return;

@@ -112,6 +112,9 @@ class ProcessGroup {
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                   const std::vector<int64_t>& in_splits);
+  // all_to_all calls of this process so far, every group (tests check with it that a
+  // recompute does not communicate again).
+  static int64_t all_to_all_calls();
 
   // Small coordination values through the rendezvous store (checkpoint completion, a shared
   // temp-folder name). Keys are private to this group.

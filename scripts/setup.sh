@@ -47,8 +47,9 @@ fi
 # The venv is needed even with a user LibTorch: the Python reference tests and the
 # tokenizer trainer use it.
 want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION pyarrow==$PYARROW_VERSION zstandard==$ZSTANDARD_VERSION"
-# Reference code only: without dependencies, so they never move the pinned torch.
-want_nodeps="torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION"
+# Reference code and the CUTLASS headers only: without dependencies, so they never move the
+# pinned torch.
+want_nodeps="torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION nvidia-cutlass==$CUTLASS_VERSION"
 stamp="$venv/.titan-stamp"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want $want_nodeps" ]; then
   say "venv $venv: up to date ($want $want_nodeps)"

@@ -1,26 +1,25 @@
-// Everything derived from the option registry (core/config/config_options.cpp): value checks, TOML
-// loading, the command line, validation, and the text forms (--help, --dump-config, the
-// README reference, the startup table).
+// The option registry's queries, values (format, check, parse) and validation, plus the text
+// helpers the other config files share (core/config/config_detail.h). The registry itself is
+// core/config/config_options.cpp; TOML loading is config_toml.cpp, the command line
+// config_cli.cpp, the text forms (--help, --dump-config, the README reference, the startup
+// table) config_text.cpp.
 #include "core/config/config.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
+#include <cstdlib>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include <toml++/toml.h>
 
 #include "core/base/errors.h"
+#include "core/config/config_detail.h"
 
 namespace titan {
-namespace {
+namespace config_detail {
 
 // ---- text helpers --------------------------------------------------------------------------
 
@@ -139,162 +138,11 @@ void warn_renamed(std::vector<std::string>& warnings, const std::string& where,
             old_name + " is an older torchtitan name; the current name is " + opt.name());
 }
 
-// ---- TOML ----------------------------------------------------------------------------------
+}  // namespace config_detail
 
-std::string describe_toml_node(const toml::node& n) {
-  std::ostringstream os;
-  switch (n.type()) {
-    case toml::node_type::string:
-      os << "string " << quote_toml(*n.value<std::string>());
-      break;
-    case toml::node_type::integer:
-      os << "integer " << *n.value<int64_t>();
-      break;
-    case toml::node_type::floating_point:
-      os << "float " << format_double(*n.value<double>());
-      break;
-    case toml::node_type::boolean:
-      os << "boolean " << (*n.value<bool>() ? "true" : "false");
-      break;
-    case toml::node_type::array:
-      os << "an array";
-      break;
-    case toml::node_type::table:
-      os << "a table";
-      break;
-    default:
-      os << "a date/time";
-      break;
-  }
-  return os.str();
-}
+using namespace config_detail;
 
-[[noreturn]] void wrong_type(const Option& opt, const std::string& where,
-                             const std::string& found) {
-  throw UserError(where + ": " + opt.name() + ": expected " + opt_type_name(opt.type) + ", found " +
-                  found);
-}
-
-std::optional<double> toml_number(const toml::node& n) {
-  if (n.is_integer()) return static_cast<double>(*n.value<int64_t>());
-  if (auto f = n.value_exact<double>()) return *f;
-  return std::nullopt;
-}
-
-// The items of a TOML array, each converted by `item`; nullopt when `n` is no array.
-template <class T, class F>
-std::optional<std::vector<T>> toml_list(const Option& opt, const toml::node& n,
-                                        const std::string& where, F item) {
-  std::vector<T> out;
-  if (auto* arr = n.as_array()) {
-    for (auto& e : *arr) {
-      std::optional<T> v = item(e);
-      if (!v) wrong_type(opt, where, "an array holding " + describe_toml_node(e));
-      out.push_back(*v);
-    }
-    return out;
-  }
-  return std::nullopt;
-}
-
-OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string& where) {
-  switch (opt.type) {
-    case OptType::Bool:
-      if (auto b = n.value_exact<bool>()) return *b;
-      break;
-    case OptType::Int:
-      if (auto i = n.value_exact<int64_t>()) return *i;
-      break;
-    case OptType::Float:
-      if (auto x = toml_number(n)) return *x;
-      break;
-    case OptType::String:
-      if (auto s = n.value_exact<std::string>()) return *s;
-      // torchtitan writes selective_ac_option = '2' but users write 2.
-      if (n.is_integer()) return std::to_string(*n.value<int64_t>());
-      break;
-    case OptType::StringList: {
-      if (auto s = n.value_exact<std::string>()) return split_commas(*s);
-      auto l = toml_list<std::string>(
-          opt, n, where, [](const toml::node& e) { return e.value_exact<std::string>(); });
-      if (l) return *l;
-      break;
-    }
-    case OptType::FloatList: {
-      if (auto x = toml_number(n)) return std::vector<double>{*x};
-      auto l = toml_list<double>(opt, n, where, toml_number);
-      if (l) return *l;
-      break;
-    }
-  }
-  wrong_type(opt, where, describe_toml_node(n));
-}
-
-bool section_known(const std::string& section) {
-  for (auto& o : registry())
-    if (o.section == section) return true;
-  return ignored_torchtitan_entry(section + ".x") != "";
-}
-
-void check_section(const std::string& section, const std::string& where) {
-  if (section_known(section)) return;
-  std::string near;
-  size_t best = std::numeric_limits<size_t>::max();
-  for (auto& o : registry()) {
-    size_t dd = edit_distance(section, o.section);
-    if (dd < best) best = dd, near = o.section;
-  }
-  throw UserError(where + ": unknown section [" + section + "]; nearest valid section: [" + near +
-                  "] (see --help)");
-}
-
-struct TomlEntry {
-  std::string name;  // "section.key"
-  const toml::node* node;
-  toml::source_position pos;
-};
-
-// Every "section.key" of the file in file order, so the first problem reported is the first
-// in the file. Tables below a section stay one entry (a key or an ignored torchtitan table).
-std::vector<TomlEntry> toml_entries(const toml::table& root, const std::string& source) {
-  std::vector<TomlEntry> out;
-  for (auto&& [sec_key, sec_node] : root) {
-    std::string section(sec_key.str());
-    std::string where = source + ":" + std::to_string(sec_node.source().begin.line);
-    const toml::table* tbl = sec_node.as_table();
-    if (!tbl)
-      throw UserError(where + ": top-level key '" + section +
-                      "': expected a [section] table, found " + describe_toml_node(sec_node) +
-                      "; allowed: sections such as [training] (see --help)");
-    check_section(section, where);
-    for (auto&& [k, node] : *tbl)
-      out.push_back({section + "." + std::string(k.str()), &node, node.source().begin});
-  }
-  std::stable_sort(out.begin(), out.end(), [](const TomlEntry& a, const TomlEntry& b) {
-    return a.pos.line != b.pos.line ? a.pos.line < b.pos.line : a.pos.column < b.pos.column;
-  });
-  return out;
-}
-
-void apply_toml_table(JobConfig& cfg, const toml::table& root, const std::string& source,
-                      std::vector<std::string>& warnings) {
-  for (const TomlEntry& e : toml_entries(root, source)) {
-    const std::string where = source + ":" + std::to_string(e.pos.line);
-    bool old = false;
-    const Option* opt = lookup(e.name, &old);
-    if (!opt) {
-      if (!is_ignored_torchtitan_key(e.name))
-        throw UserError(where + ": unknown key " + e.name +
-                        "; nearest valid key: " + nearest_option_name(e.name));
-      warn_ignored(warnings, where, e.name);
-      continue;
-    }
-    if (old) warn_renamed(warnings, where, e.name, *opt);
-    OptValue v = toml_to_value(*opt, *e.node, where);
-    check_option_value(*opt, v, where);
-    opt->set(cfg, v);
-  }
-}
+namespace {
 
 // ---- validation ----------------------------------------------------------------------------
 
@@ -510,35 +358,6 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
   return v;
 }
 
-// ---- public: TOML --------------------------------------------------------------------------
-
-void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
-                       std::vector<std::string>& warnings) {
-  toml::table root;
-  try {
-    root = toml::parse(text, source_name);
-  } catch (const toml::parse_error& e) {
-    auto& b = e.source().begin;
-    throw UserError(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
-                    ": TOML syntax error: " + std::string(e.description()));
-  }
-  apply_toml_table(cfg, root, source_name, warnings);
-}
-
-void apply_toml_file(JobConfig& cfg, const std::string& path, std::vector<std::string>& warnings) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw UserError("config file '" + path +
-                    "': cannot be read (it is a folder); give a TOML file with --config FILE");
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    throw UserError("config file '" + path + "': cannot be read (" + std::strerror(errno) +
-                    "); give an existing TOML file with --config FILE");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  apply_toml_string(cfg, ss.str(), path, warnings);
-}
-
 // ---- public: validation --------------------------------------------------------------------
 
 DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
@@ -606,6 +425,10 @@ void validate_config(const JobConfig& cfg) {
     throw UserError(
         "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
         "allowed: llama3, deepseek_v3");
+  if (!(cfg.moe.ep_capacity_factor > 0))
+    throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
+                    " is not allowed; allowed: a factor > 0 (e.g. 1.25), or inf (the default: "
+                    "the no-drop worst case)");
   if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
     throw UserError(
         "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "
@@ -648,191 +471,6 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
                     std::to_string(cfg.training.local_batch_size) + ") x data-parallel degree (" +
                     std::to_string(d.dp_degree) + ") = " + std::to_string(per_micro) +
                     "; allowed: -1 or a multiple of " + std::to_string(per_micro));
-}
-
-// ---- public: text forms --------------------------------------------------------------------
-
-std::string dump_config_toml(const JobConfig& cfg) {
-  std::ostringstream os;
-  os << "# titan-train effective config (defaults < TOML < command line)\n";
-  std::string cur;
-  for (auto& o : registry()) {
-    // The file pointer is not part of the config; `later` keys can only hold their default.
-    if (o.name() == "job.config_file" || !o.later.empty()) continue;
-    if (o.section != cur) {
-      os << (cur.empty() ? "" : "\n") << "[" << o.section << "]\n";
-      cur = o.section;
-    }
-    os << o.key << " = " << format_option_value(o.get(cfg)) << "\n";
-  }
-  return os.str();
-}
-
-std::string config_help_text() {
-  std::ostringstream os;
-  os << "titan-train: pre-train Llama-3, Llama-4 and DeepSeek-V3 models on LibTorch.\n\n"
-        "Usage:\n"
-        "  titan-train [--config FILE] [--section.key=value | --section.key value]...\n"
-        "  titan-train tokenize --tokenizer FILE --input FILE --output FILE.tok\n"
-        "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
-        "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
-        "                         [--dtype float32|bfloat16|float16]\n"
-        "  titan-train --help | --dump-config\n\n"
-        "Precedence: defaults < TOML file < command line. Booleans: --key, --key=true,\n"
-        "--key false. Lists: --key a,b or --key a b. Empty values: --key= .\n\n"
-        "Options:\n";
-  std::string cur;
-  for (auto& o : registry()) {
-    if (o.section != cur) {
-      os << "\n[" << o.section << "]\n";
-      cur = o.section;
-    }
-    os << "  --" << o.name() << " <" << opt_type_name(o.type)
-       << ">  (default: " << format_option_value(o.default_value) << ")\n      " << o.help;
-    std::string allowed = allowed_text(o);
-    if (!allowed.empty()) os << "; allowed: " << allowed;
-    if (!o.aliases.empty()) os << "; older name: " << join(o.aliases, ", ");
-    os << "\n";
-  }
-  os << "\nAccepted with a warning and ignored (torchtitan keys): "
-     << join(ignored_torchtitan_keys(), ", ") << "\n";
-  return os.str();
-}
-
-std::string config_reference_markdown() {
-  auto esc = [](const std::string& s) {
-    std::string r;
-    for (char c : s) r += (c == '|') ? std::string("\\|") : std::string(1, c);
-    return r;
-  };
-  std::ostringstream os;
-  os << "| key | type | default | allowed | description |\n|---|---|---|---|---|\n";
-  for (auto& o : registry()) {
-    std::string help = o.help;
-    if (!o.aliases.empty()) help += " (older name: " + join(o.aliases, ", ") + ")";
-    os << "| `" << o.name() << "` | " << opt_type_name(o.type) << " | `"
-       << esc(format_option_value(o.default_value)) << "` | " << esc(allowed_text(o)) << " | "
-       << esc(help) << " |\n";
-  }
-  return os.str();
-}
-
-std::string config_table(const JobConfig& cfg) {
-  std::ostringstream os;
-  size_t w = 0;
-  for (auto& o : registry()) w = std::max(w, o.name().size());
-  std::string rule(w + 40, '-');
-  os << "+" << rule << "\n";
-  os << "| " << std::left << std::setw(static_cast<int>(w)) << "option"
-     << " | value\n";
-  os << "+" << rule << "\n";
-  for (auto& o : registry()) {
-    if (!o.later.empty()) continue;
-    OptValue v = o.get(cfg);
-    bool changed = v != o.default_value;
-    os << "| " << std::left << std::setw(static_cast<int>(w)) << o.name() << " | "
-       << format_option_value(v) << (changed ? "  *" : "") << "\n";
-  }
-  os << "+" << rule << "\n";
-  os << "(* differs from the default)\n";
-  return os.str();
-}
-
-uint64_t config_hash(const JobConfig& cfg) {
-  std::string s = dump_config_toml(cfg);
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// ---- public: command line ------------------------------------------------------------------
-
-namespace {
-
-bool is_option_arg(const char* a) {
-  return std::strncmp(a, "--", 2) == 0;
-}
-
-// The values of `--name` given without '=': the arguments after argv[*i] that the option
-// takes. A bool takes the next argument only when it is a bool word (a bare flag is true);
-// a scalar takes exactly the next one; a list takes every following non-option argument.
-std::vector<std::string> take_values(const Option& o, int argc, const char* const* argv, int* i) {
-  const std::string flag = "--" + o.name();
-  std::vector<std::string> texts;
-  bool b;
-  if (o.type == OptType::Bool) {
-    if (*i + 1 < argc && parse_bool_text(argv[*i + 1], b)) texts.push_back(argv[++*i]);
-    return texts;
-  }
-  const bool list = o.type == OptType::StringList || o.type == OptType::FloatList;
-  while (*i + 1 < argc && !is_option_arg(argv[*i + 1])) {
-    texts.push_back(argv[++*i]);
-    if (!list) break;
-  }
-  if (texts.empty()) {
-    std::string found = *i + 1 < argc ? std::string("the option ") + argv[*i + 1] : "the end";
-    throw UserError("command line: " + flag + " expects a " + opt_type_name(o.type) +
-                    " value but found " + found + "; allowed: " + flag + " VALUE, " + flag +
-                    "=VALUE, or " + flag + "= for an empty value");
-  }
-  return texts;
-}
-
-}  // namespace
-
-CliResult parse_command_line(int argc, const char* const* argv) {
-  CliResult r;
-  r.cfg = default_config();
-  std::vector<std::pair<const Option*, std::vector<std::string>>> given;  // in argv order
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      r.show_help = true;
-      continue;
-    }
-    if (a == "--dump-config") {
-      r.dump_config = true;
-      continue;
-    }
-    if (!is_option_arg(argv[i]))
-      throw UserError("command line: unexpected argument '" + a +
-                      "'; allowed: --section.key=value options (see --help)");
-    const size_t eq = a.find('=');
-    std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    if (name == "config") name = "job.config_file";
-    bool old = false;
-    const Option* o = lookup(name, &old);
-    if (!o) {
-      if (!is_ignored_torchtitan_key(name))
-        throw UserError("command line: unknown option --" + name + "; nearest valid option: --" +
-                        nearest_option_name(name));
-      warn_ignored(r.warnings, "command line", name);
-      if (eq == std::string::npos && i + 1 < argc && !is_option_arg(argv[i + 1])) ++i;  // its value
-      continue;
-    }
-    if (old) warn_renamed(r.warnings, "command line", name, *o);
-    std::vector<std::string> texts;
-    if (eq != std::string::npos)
-      texts.push_back(a.substr(eq + 1));
-    else
-      texts = take_values(*o, argc, argv, &i);
-    given.emplace_back(o, std::move(texts));
-  }
-
-  // defaults < TOML < command line. A repeated option: the last wins; lists add up.
-  r.cfg.job.config_file.clear();
-  for (auto& [o, texts] : given)
-    if (o->name() == "job.config_file") r.cfg.job.config_file = texts.back();
-  if (!r.cfg.job.config_file.empty()) apply_toml_file(r.cfg, r.cfg.job.config_file, r.warnings);
-  std::map<const Option*, std::vector<std::string>> merged;
-  for (auto& [o, texts] : given) {
-    const bool list = o->type == OptType::StringList || o->type == OptType::FloatList;
-    auto& m = merged[o];
-    if (!list) m.clear();
-    m.insert(m.end(), texts.begin(), texts.end());
-  }
-  for (auto& [o, texts] : merged) o->set(r.cfg, parse_option_text(*o, texts, "command line"));
-  return r;
 }
 
 }  // namespace titan

@@ -145,6 +145,8 @@ struct CommSection {
 
 struct MoESection {
   std::string experts_backend;
+  std::string ep_exchange;         // auto, static or exact (docs/moe.md)
+  double ep_capacity_factor = 0;   // inf: the no-drop worst case (the default)
   double load_balance_coeff = 0;
   double seq_aux_loss_coeff = 0;
 };

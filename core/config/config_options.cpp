@@ -287,10 +287,12 @@ void activation_checkpoint_options(std::vector<Option>& out) {
 void compile_options(std::vector<Option>& out) {
   SectionDefs<CompileSection> s("compile", &JobConfig::compile, out);
   s.add("enable", &CompileSection::enable, false,
-        "Capture the train step in CUDA graphs (CUDA only). Not implemented yet: true runs "
-        "eagerly with a warning")
+        "Capture the train step as CUDA graphs (on the CPU: run it eagerly under the capture "
+        "check, which exits 2 naming what would break capture; docs/compile.md)")
       .alias("training.compile");
-  s.add("components", &CompileSection::components, Strings{"model", "loss"}, "What to capture")
+  s.add("components", &CompileSection::components, Strings{"model", "loss"},
+        "What torchtitan compiles; titan-train captures the whole step, so only both "
+        "(the default) is allowed with compile.enable")
       .choices({"model", "loss"});
 }
 
@@ -372,8 +374,19 @@ void comm_options(std::vector<Option>& out) {
 void moe_options(std::vector<Option>& out) {
   SectionDefs<MoESection> s("moe", &JobConfig::moe, out);
   s.add("experts_backend", &MoESection::experts_backend, "auto",
-        "Expert GEMMs: grouped_mm (SM90+ CUDA), loop, or auto (grouped_mm where it runs)")
-      .choices({"auto", "grouped_mm", "loop"});
+        "Expert GEMMs: grouped_mm (CUDA 9.x/10.x), cutlass (CUDA 8.0+), loop (syncs once per "
+        "layer), or auto (grouped_mm, else cutlass on CUDA; loop on the CPU)")
+      .choices({"auto", "grouped_mm", "cutlass", "loop"});
+  s.add("ep_exchange", &MoESection::ep_exchange, "auto",
+        "Expert-parallel token exchange: static (fixed-size all-to-alls, no host sync), exact "
+        "(variable splits, one host read of the counts per layer), or auto (static when "
+        "compile.enable, else exact)")
+      .choices({"auto", "static", "exact"});
+  s.add("ep_capacity_factor", &MoESection::ep_capacity_factor, kNoMax,
+        "Static exchange: rows per (source, destination) pair = ceil(factor * tokens * top_k / "
+        "ep), at most the worst case (rows over it are dropped and counted in "
+        "moe_dropped_tokens); > 0, inf: the no-drop worst case")
+      .range(0.0, kNoMax);
   s.add("load_balance_coeff", &MoESection::load_balance_coeff, 1e-3,
         "Aux-loss-free expert-bias update speed; 0 turns balancing off")
       .range(0.0, kNoMax);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/base/errors.h"
+#include "core/base/timing.h"
 
 namespace titan {
 
@@ -242,7 +243,7 @@ MicroBatch Loader::next() {
     // allocator keeps the pinned block alive until they complete.
     mb = {it.tokens.to(device_, /*non_blocking=*/true), it.labels.to(device_, true)};
   }
-  wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  wait_ms_ += ms_since(t0);
   return mb;
 }
 

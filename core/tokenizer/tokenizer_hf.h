@@ -1,9 +1,9 @@
-// Internal parts of the Hugging Face tokenizer.json reader (core/tokenizer_*.cpp); users go
-// through core/tokenizer/tokenizer.h. Each part mirrors one stage of HF `tokenizers` 0.23: Unicode
-// helpers, regex splitting with Oniguruma's iteration rules, normalizers, pre-tokenizers, the
-// BPE model, the added vocabulary and the decoders. Every stage works on bytes, so text that
-// is not valid UTF-8 passes through: an invalid byte acts as a one-byte character that no
-// pattern, table or vocabulary entry matches.
+// Internal parts of the Hugging Face tokenizer.json reader (core/tokenizer/tokenizer_*.cpp);
+// users go through core/tokenizer/tokenizer.h. Each part mirrors one stage of HF `tokenizers`
+// 0.23: Unicode helpers, regex splitting with Oniguruma's iteration rules, normalizers,
+// pre-tokenizers, the BPE model, the added vocabulary and the decoders. Every stage works on
+// bytes, so text that is not valid UTF-8 passes through: an invalid byte acts as a one-byte
+// character that no pattern, table or vocabulary entry matches.
 #pragma once
 
 #include <array>

@@ -10,30 +10,53 @@
 #include <memory>
 #include <vector>
 
+#include "core/train/capture_check.h"
+
 namespace titan {
+
+// The one device-to-host read of per-expert counts in a training step: the MoE loop
+// backend's counts, or the exact expert-parallel exchange's split sizes (docs/moe.md). The
+// counts as host integers.
+inline std::vector<int64_t> counts_to_host(const at::Tensor& counts) {
+  TITAN_HOST_READ_SCOPE();  // the capture check names this read
+  at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();  // the sync
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
 
 class ExpertExchange {
  public:
-  // What dispatch() received: this rank's rows, grouped by local expert, and what combine()
-  // needs to send the outputs home.
+  // What dispatch() received, and what combine() needs to send the outputs home.
   struct Received {
-    at::Tensor rows;                    // (R, D): rows of local expert 0, then 1, ...
-    std::vector<int64_t> local_counts;  // rows per local expert (host integers)
-    std::shared_ptr<void> plan;         // the exchange's own bookkeeping
-    // Rows this rank sends to each expert (E), then rows it receives from each (source,
-    // local expert) (E): the host integers the exchange read, to pass back as known_splits.
+    // (R, D): the rows from each source rank in turn, each source's rows by local expert.
+    at::Tensor rows;
+    // (R) int64 on the device: the local expert of each row; El (the local expert count)
+    // marks an empty slot of the static exchange, whose row is zero.
+    at::Tensor local_expert;
+    bool has_empty_slots = false;  // static exchange
+    // Exact exchange: rows per local expert, the host integers it read anyway; empty under
+    // the static exchange (which reads nothing on the host).
+    std::vector<int64_t> host_local_counts;
+    // Static exchange: this rank's rows dropped over capacity in this dispatch, a device
+    // scalar (int64); undefined under the exact exchange.
+    at::Tensor dropped;
+    // What a later dispatch of the same routing may reuse (activation checkpointing's
+    // recompute): the counts received from each (source, local expert) on the device (E),
+    // and, exact, the host split sizes (E sent, E received).
+    at::Tensor recv_counts;
     std::vector<int64_t> splits;
+    std::shared_ptr<void> plan;  // the exchange's own bookkeeping
   };
 
   virtual ~ExpertExchange() = default;
   virtual int64_t size() const = 0;  // ep ranks; rank r holds experts [r*E/size, (r+1)*E/size)
   virtual int64_t rank() const = 0;
-  // x_sorted: (N, D) rows in global expert order; counts: (E) rows per expert (device).
-  // known_splits: a Received::splits of an earlier dispatch with the same counts (activation
-  // checkpointing's recompute); then the counts exchange and its host read are skipped.
+  // x_sorted: (N, D) rows in global expert order, N = tokens * top_k; counts: (E) rows per
+  // expert (device). known: an earlier Received of the same counts (a recompute); its
+  // counts are reused, so the counts exchange (and, exact, its host read) is skipped.
   virtual Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts,
-                            const std::vector<int64_t>* known_splits) = 0;
-  // y: (R, D) expert outputs in the order of Received::rows -> (N, D) in x_sorted's order.
+                            int64_t top_k, const Received* known) = 0;
+  // y: (R, D) expert outputs in the order of Received::rows -> (N, D) in x_sorted's order
+  // (rows dropped over capacity: zero).
   virtual at::Tensor combine(const at::Tensor& y, const Received& r) = 0;
 };
 

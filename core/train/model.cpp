@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/base/counter_rng.h"
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 #include "core/kernels/fused_loss.h"
 
@@ -138,18 +139,19 @@ at::Tensor Model::weight(int64_t i) const {
   const at::Tensor& p = params_[i].value;
   if (p.scalar_type() == compute_dtype_) return p;
   if (!at::GradMode::is_enabled()) return p.to(compute_dtype_);
-  // One cast per optimizer step, not per micro-batch: the cast is kept with the master's
-  // version counter, which the optimizer's in-place update (or a load) bumps. Every
-  // micro-batch's backward flows through the same cast node (it saves no tensor, so that is
-  // allowed) into the master's gradient.
+  // One cast per optimizer step, not per micro-batch: the cast is kept until the optimizer
+  // steps (weights_updated()) or the master is written otherwise (its version counter: a
+  // load, an in-place op). Every micro-batch's backward flows through the same cast node (it
+  // saves no tensor, so that is allowed) into the master's gradient.
   if (cast_cache_.size() < static_cast<size_t>(params_.size()))
     cast_cache_.resize(static_cast<size_t>(params_.size()));
   auto& c = cast_cache_[static_cast<size_t>(i)];
-  if (!c.master.is_same(p) || c.version != p._version() ||
+  if (!c.master.is_same(p) || c.version != p._version() || c.generation != weights_generation_ ||
       c.cast.scalar_type() != compute_dtype_) {
     c.cast = p.to(compute_dtype_);
     c.master = p;
     c.version = p._version();
+    c.generation = weights_generation_;
   }
   return c.cast;
 }
@@ -162,6 +164,7 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
   Head o = forward_head(tokens);
+  ModuleScope scope("output");
   if (tp_) {
     // The whole sequence against this rank's vocabulary rows; the loss combines the ranks'
     // log-sum-exps, so no rank forms the full logits.
@@ -199,7 +202,13 @@ const char* tp_style_name(TpStyle s) {
 
 void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
   block_params_.push_back(std::move(params));
-  block_fns_.push_back(std::move(fn));
+  // Every run of the block (forward, and its recompute in backward) names its ops
+  // "layers.<l>" for the capture check (docs/compile.md).
+  const int64_t l = static_cast<int64_t>(block_fns_.size());
+  block_fns_.push_back([l, fn = std::move(fn)](const at::Tensor& h, const std::vector<at::Tensor>& w) {
+    ModuleScope scope("layers", l);
+    return fn(h, w);
+  });
 }
 
 at::Tensor Model::run_blocks(at::Tensor h) const {

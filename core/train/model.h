@@ -195,6 +195,11 @@ class Model {
     block_done_ = std::move(fn);
   }
   void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
+  // The optimizer has updated the fp32 masters in place. at::_fused_adamw_ does not bump the
+  // version counters of the tensors it writes, so without this the compute-dtype casts
+  // weight() keeps would go stale and every forward would see the first step's weights.
+  // train_step calls it after each optimizer step.
+  void weights_updated() { ++weights_generation_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // Activation checkpointing: recompute block i in backward when recompute_block(i).
   void set_recompute_policy(std::function<bool(int64_t)> p) { recompute_ = std::move(p); }
@@ -213,6 +218,12 @@ class Model {
   // Installed by parallel/ after it cut the parameters by the plan; null: one tp rank.
   void set_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) { tp_ = std::move(tp); }
   TensorParallelComm* tensor_parallel() const { return tp_.get(); }
+  // Sequence-parallel boundaries, identities without tensor parallelism. seq_gather: before
+  // a column-parallel input, the sequence shards (B, T/tp, D) become the whole (B, T, D).
+  // seq_reduce: after a row-parallel output, the partial sums (B, T, D) become this rank's
+  // sequence shard of their sum.
+  at::Tensor seq_gather(const at::Tensor& x) const { return tp_ ? tp_->gather_seq(x) : x; }
+  at::Tensor seq_reduce(const at::Tensor& x) const { return tp_ ? tp_->reduce_scatter_seq(x) : x; }
 
  protected:
   // What forward computes before the output projection: the final normed hidden state
@@ -225,12 +236,6 @@ class Model {
   // Zeroes the training-state buffers (MoE expert biases and counts).
   virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
-  // Sequence-parallel boundaries, identities without tensor parallelism. seq_gather: before
-  // a column-parallel input, the sequence shards (B, T/tp, D) become the whole (B, T, D).
-  // seq_reduce: after a row-parallel output, the partial sums (B, T, D) become this rank's
-  // sequence shard of their sum.
-  at::Tensor seq_gather(const at::Tensor& x) const { return tp_ ? tp_->gather_seq(x) : x; }
-  at::Tensor seq_reduce(const at::Tensor& x) const { return tp_ ? tp_->reduce_scatter_seq(x) : x; }
   // The token embedding lookup; under tensor parallelism the table holds this rank's
   // vocabulary rows and the result is this rank's sequence shard of the summed lookups.
   at::Tensor embed(const at::Tensor& table, const at::Tensor& tokens) const;
@@ -262,9 +267,11 @@ class Model {
   // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
   struct CachedCast {
     at::Tensor cast, master;  // master: the parameter tensor it was cast from
-    int64_t version = -1;
+    int64_t version = -1;     // the master's version counter then (in-place writes, loads)
+    uint64_t generation = 0;  // weights_generation_ then (optimizer steps)
   };
   mutable std::vector<CachedCast> cast_cache_;
+  uint64_t weights_generation_ = 1;
 
  private:
   std::vector<std::vector<int64_t>> block_params_;

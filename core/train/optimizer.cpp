@@ -18,14 +18,19 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const Opti
   lr_ = at::zeros({}, o.dtype(o.device().is_cpu() ? at::kDouble : at::kFloat));
 }
 
-void AdamW::step(double lr) {
+void AdamW::set_lr(double lr) {
   at::NoGradGuard ng;
   lr_.fill_(lr);  // a host-to-device write of a scalar, never a read
-  step_group(decay_idx_, lr, cfg_.weight_decay);
-  step_group(no_decay_idx_, lr, 0.0);
+  host_lr_ = lr;
 }
 
-void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
+void AdamW::step() {
+  at::NoGradGuard ng;
+  step_group(decay_idx_, cfg_.weight_decay);
+  step_group(no_decay_idx_, 0.0);
+}
+
+void AdamW::step_group(const std::vector<size_t>& idx, double wd) {
   std::vector<at::Tensor> p, g, m, v, s;
   for (size_t i : idx) {
     if (!params_[i].grad().defined()) continue;
@@ -41,18 +46,21 @@ void AdamW::step_group(const std::vector<size_t>& idx, double lr, double wd) {
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr_, cfg_.beta1, cfg_.beta2, wd,
                       cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
   } else if (cfg_.implementation == "foreach") {
-    foreach_step(p, g, m, v, s, lr, wd);
+    foreach_step(p, g, m, v, s, wd);
   } else {
-    loop_step(p, g, m, v, s, lr, wd);
+    loop_step(p, g, m, v, s, wd);
   }
 }
 
 void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                          std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                         std::vector<at::Tensor>& s, double lr, double wd) const {
-  // Multi-tensor kernels with the bias corrections on the device (no host read of the step):
+                         std::vector<at::Tensor>& s, double wd) const {
+  // Multi-tensor kernels with the bias corrections on the device (no host read of the step)
+  // and the lr read from lr_ (no host scalar that changes between steps):
   // p = p (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-  at::_foreach_mul_(p, 1.0 - lr * wd);
+  // On the CPU lr_ is fp64 and 1 - lr wd is formed in fp64 as the host did, then rounded to
+  // fp32 by the kernel as a host scalar is: the update is bit for bit the host-lr one.
+  if (wd != 0) at::_foreach_mul_(p, 1.0 - lr_ * wd);
   at::_foreach_lerp_(m, g, 1.0 - cfg_.beta1);
   at::_foreach_mul_(v, cfg_.beta2);
   at::_foreach_addcmul_(v, g, g, 1.0 - cfg_.beta2);
@@ -63,7 +71,7 @@ void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
   at::_foreach_neg_(bc2);
   at::_foreach_add_(bc2, 1.0);
   at::_foreach_sqrt_(bc2);
-  auto step = at::_foreach_div(bc1, lr);  // -lr / bc1 after the two in-place ops
+  auto step = at::_foreach_div(bc1, lr_);  // -lr / bc1 after the two in-place ops
   at::_foreach_reciprocal_(step);
   at::_foreach_neg_(step);
   auto denom = at::_foreach_sqrt(v);
@@ -75,9 +83,10 @@ void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
 
 void AdamW::loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                       std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                      std::vector<at::Tensor>& s, double lr, double wd) const {
+                      std::vector<at::Tensor>& s, double wd) const {
   // The textbook update, one parameter at a time, reading the step on the host: a reference
-  // for checking the other two, not for speed.
+  // for checking the other two, not for speed (refused under compile.enable).
+  const double lr = host_lr_;
   for (size_t j = 0; j < p.size(); ++j) {
     const double t = s[j].item<double>();
     p[j].mul_(1.0 - lr * wd);

@@ -18,7 +18,17 @@ namespace titan {
 class AdamW {
  public:
   AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg);
-  void step(double lr);
+  // Writes the learning rate into the device tensor every implementation reads. Called
+  // before the step (before a graph replay), never inside it: a captured step then reads
+  // each replay's lr from device memory instead of baking in the capture-time value.
+  void set_lr(double lr);
+  // One update with the lr last written by set_lr: no host scalar that changes from step to
+  // step reaches a kernel (the for-loop reference excepted, which reads the step count).
+  void step();
+  void step(double lr) {  // set_lr + step, for callers outside a captured step
+    set_lr(lr);
+    step();
+  }
   // Zeroes the gradients in place: they keep their storage from step to step.
   void zero_grad();
   // The learning rate of the last step, as the fused kernel reads it (0-d, on the device).
@@ -31,18 +41,19 @@ class AdamW {
   const std::vector<at::Tensor>& params() const { return params_; }
 
  private:
-  void step_group(const std::vector<size_t>& idx, double lr, double wd);
+  void step_group(const std::vector<size_t>& idx, double wd);
   // optimizer.implementation = "foreach": multi-tensor ATen ops, no host read.
   void foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                     std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                    std::vector<at::Tensor>& s, double lr, double wd) const;
+                    std::vector<at::Tensor>& s, double wd) const;
   // optimizer.implementation = "for-loop": one parameter at a time (a reference).
   void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                  std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                 std::vector<at::Tensor>& s, double lr, double wd) const;
+                 std::vector<at::Tensor>& s, double wd) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
   at::Tensor lr_;  // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
+  double host_lr_ = 0;  // what set_lr wrote; only the for-loop reference reads it
   std::vector<size_t> decay_idx_, no_decay_idx_;
   OptimizerSection cfg_;
 };

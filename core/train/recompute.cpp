@@ -72,7 +72,7 @@ struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
 
 // ---- Op-level checkpointing: the tape ----
 
-enum EntryKind : int64_t { kLinear = 0, kAttnCpuFlash = 1, kAttnRecomputed = 2 };
+enum EntryKind : int64_t { kLinear = 0, kAttnCpuFlash = 1, kAttnRecomputed = 2, kSavedOp = 3 };
 
 // What one block's no-grad forward saved, in call order: a kind per taped call and the
 // tensors of the calls that saved something.
@@ -290,6 +290,30 @@ at::Tensor tape_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::
   if (!cpu_flash(q, k, v, scale, gqa)) return plain_sdpa(q, k, v, scale, gqa);
   ++g_replays;
   return TapedCpuFlash::apply(q, k, v, s[0], s[1], scale)[0];
+}
+
+bool op_tape_recording() {
+  return g_tape != nullptr && !g_tape->replay;
+}
+
+bool op_tape_replaying() {
+  return g_tape != nullptr && g_tape->replay;
+}
+
+void op_tape_save(const std::vector<at::Tensor>& outputs) {
+  TORCH_CHECK(op_tape_recording(), "op_tape_save: no tape is recording");
+  g_tape->kinds.push_back(kSavedOp);
+  g_tape->kinds.push_back(static_cast<int64_t>(outputs.size()));
+  g_tape->tensors.insert(g_tape->tensors.end(), outputs.begin(), outputs.end());
+}
+
+std::vector<at::Tensor> op_tape_restore(size_t n) {
+  TORCH_CHECK(op_tape_replaying(), "op_tape_restore: no tape is replaying");
+  OpTape& t = *g_tape;
+  TORCH_CHECK(t.pop_kind() == kSavedOp && t.pop_kind() == static_cast<int64_t>(n),
+              "op-level checkpointing: tape out of step at a saved op");
+  ++g_replays;
+  return t.take(n);
 }
 
 }  // namespace titan

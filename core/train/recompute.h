@@ -49,4 +49,14 @@ at::Tensor tape_project(const at::Tensor& x, const at::Tensor& w);
 at::Tensor tape_causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, bool enable_gqa);
 
+// Other saved ops under the same tape (the MoE experts' GEMM outputs and expert
+// parallelism's all-to-all results, docs/moe.md): while a tape records, op_tape_save keeps an
+// op's outputs; while it replays, op_tape_restore hands them back in the same order, and the
+// caller passes them through an autograd Function whose backward is the op's, so neither
+// the computation nor the communication runs again.
+bool op_tape_recording();
+bool op_tape_replaying();
+void op_tape_save(const std::vector<at::Tensor>& outputs);
+std::vector<at::Tensor> op_tape_restore(size_t n);
+
 }  // namespace titan

@@ -1,9 +1,11 @@
 // The capture-ready step (docs/training.md): a non-logging step reads nothing from the device,
 // the learning rate reaches the fused AdamW as a tensor, gradients and inputs keep their
-// storage from step to step. Host reads are counted at run time: every .item() dispatches
-// aten::_local_scalar_dense, seen here through a RecordFunction callback (the CPU fused AdamW
-// kernel reads its own CPU lr tensor that way; on CUDA it reads device memory, so reads
-// inside aten::_fused_adamw_ are not counted). Also the CPU memory columns of the metrics.
+// storage from step to step. Host reads are counted at run time through a RecordFunction
+// callback: every .item() (and bool() of a tensor) dispatches aten::_local_scalar_dense, and
+// the ops that size their output from tensor values (nonzero, masked_select and boolean-mask
+// indexing, unique, bincount) must read the device too. The CPU fused AdamW kernel reads its
+// own CPU lr tensor with .item(); on CUDA it reads device memory, so reads inside
+// aten::_fused_adamw_ are not counted. Also the CPU memory columns of the metrics.
 #include <catch2/catch.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -24,8 +26,21 @@ using namespace titan;
 
 namespace {
 
-// Counts aten::_local_scalar_dense outside aten::_fused_adamw_ while installed, with the op
-// that called it, for the failure message.
+// The ops that read device values to the host: _local_scalar_dense (.item()), and the ops whose
+// output size depends on the values. Not here: repeat_interleave, which reads only without
+// its output_size argument (the RecordFunction does not show which), and copies to the CPU,
+// which a CPU-only step cannot tell from local copies (scripts/check_host_reads.py covers
+// both statically).
+bool reads_host(const std::string& op) {
+  static const std::set<std::string> ops = {
+      "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique",
+      "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+      "aten::unique_dim_consecutive", "aten::bincount"};
+  return ops.count(op) > 0;
+}
+
+// Counts host reads (reads_host, outermost only) outside aten::_fused_adamw_ while installed,
+// with the op that called each, for the failure message.
 struct HostReadCounter {
   static inline std::atomic<int> reads{0}, fused_calls{0};
   static inline thread_local std::vector<std::string> stack;
@@ -38,10 +53,11 @@ struct HostReadCounter {
     const bool in_fused =
         std::find(stack.begin(), stack.end(), "aten::_fused_adamw_") != stack.end();
     if (name == "aten::_fused_adamw_") ++fused_calls;
-    if (name == "aten::_local_scalar_dense" && !in_fused) {
+    const bool in_read = std::any_of(stack.begin(), stack.end(), reads_host);
+    if (reads_host(name) && !in_fused && !in_read) {
       ++reads;
       std::lock_guard<std::mutex> lk(mu);
-      callers.insert(stack.empty() ? "(top level)" : stack.back());
+      callers.insert(name + " in " + (stack.empty() ? "(top level)" : stack.back()));
     }
     stack.push_back(name);
     return nullptr;
@@ -108,9 +124,12 @@ TEST_CASE("step: a non-logging dense step makes no host read", "[step]") {
     INFO("host reads called from: " << HostReadCounter::describe());
     CHECK(HostReadCounter::reads == 0);
     CHECK(HostReadCounter::fused_calls == 2);  // the counter sees ops: both parameter groups
-    // The logging step's read is what the counter counts (so it can fail).
+    // The logging step's read is what the counter counts (so it can fail), and so is an op
+    // sized by values.
     (void)r.loss.item<double>();
     CHECK(HostReadCounter::reads == 1);
+    (void)at::nonzero(r.grad_norm.view({1}));
+    CHECK(HostReadCounter::reads == 2);
   }
   CHECK(std::isfinite(r.grad_norm.item<double>()));
 }
@@ -126,6 +145,26 @@ TEST_CASE("step: MoE steps read only the loop backend's counts", "[step][moe]") 
     (void)train_step(*s.model, *s.opt, s.micro, s.o);
     INFO("host reads called from: " << HostReadCounter::describe());
     CHECK(HostReadCounter::reads == 0);
+  }
+}
+
+// On CUDA the step computes in bf16 from casts of the fp32 masters, kept from one optimizer
+// step to the next. at::_fused_adamw_ bumps no version counter, so only train_step's
+// weights_updated() refreshes them: without it every forward saw the initial weights (the
+// first GPU run's flat losses). Here the same path on the CPU: the same batch, three steps,
+// and the loss must fall (it was bitwise constant before the fix).
+TEST_CASE("step: bf16 compute casts follow every optimizer step", "[step]") {
+  for (const char* name : {"llama3", "deepseek_v3"}) {
+    INFO(name);
+    Setup s = make_setup(name);
+    s.model->set_compute_dtype(at::kBFloat16);
+    s.o.lr = 1e-2;
+    std::vector<double> loss;
+    for (int i = 0; i < 3; ++i)
+      loss.push_back(train_step(*s.model, *s.opt, s.micro, s.o).loss.item<double>());
+    INFO("losses " << loss[0] << " " << loss[1] << " " << loss[2]);
+    CHECK(loss[1] < loss[0]);
+    CHECK(loss[2] < loss[1]);
   }
 }
 

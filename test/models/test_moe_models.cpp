@@ -402,3 +402,24 @@ TEST_CASE("moe models: grouped_mm on the CPU is a clean user error", "[moe][cli]
     CHECK_THAT(r.out, Contains("moe.experts_backend") && Contains("grouped_mm"));
   }
 }
+
+TEST_CASE("moe models: bad experts and exchange settings are clean user errors", "[moe][cli]") {
+  // Each exits 2 with one line naming the key and what is allowed.
+  test::TempDir dir("moe-bad");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--moe.ep_capacity_factor 0", "moe.ep_capacity_factor"},
+      {"--moe.ep_capacity_factor -1", "moe.ep_capacity_factor"},
+      {"--moe.ep_exchange fast", "moe.ep_exchange"},
+      {"--moe.experts_backend cutlass", "moe.experts_backend"},  // no CUDA: cannot run here
+  };
+  for (const auto& [flag, key] : cases) {
+    if (flag.find("cutlass") != std::string::npos && at::hasCUDA()) continue;
+    auto r = test::run("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK " +
+                       test::binary() + " --config " + test::source_dir() +
+                       "/configs/deepseek_v3_debug.toml --job.dump_folder " + dir.file("out") +
+                       " --training.steps 1 " + flag);
+    INFO(flag << "\n" << r.out);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.out, Contains(key) && Contains("allowed"));
+  }
+}

@@ -1,5 +1,5 @@
-// Throughput of one MoE layer's forward + backward, loop vs grouped_mm, in one run, and the
-// bytes it allocates. Hidden
+// Throughput of one MoE layer's forward + backward, loop vs grouped_mm vs cutlass, in one
+// run, and the bytes it allocates. Hidden
 // (tag [.bench]): not part of the test suite; scripts/bench_moe.sh runs it.
 #include <catch2/catch.hpp>
 
@@ -22,7 +22,7 @@ double env_or(const char* name, double dflt) {
 
 }  // namespace
 
-TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_mm", "[.bench]") {
+TEST_CASE("moe bench: one MoE layer forward and backward with each experts backend", "[.bench]") {
   const bool cuda = at::hasCUDA();
   at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const at::ScalarType dt = cuda ? at::kBFloat16 : at::kFloat;
@@ -30,18 +30,26 @@ TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_m
   const int64_t hidden = static_cast<int64_t>(env_or("MOE_BENCH_HIDDEN", cuda ? 1408 : 256));
   const int64_t E = static_cast<int64_t>(env_or("MOE_BENCH_EXPERTS", cuda ? 64 : 8));
   const int64_t K = static_cast<int64_t>(env_or("MOE_BENCH_TOPK", cuda ? 6 : 2));
-  const int64_t tokens = static_cast<int64_t>(env_or("MOE_BENCH_TOKENS", cuda ? 16384 : 2048));
+  // CUDA defaults: one DeepSeek-V3 16B (V2-Lite) MoE layer at 8k tokens.
+  const int64_t tokens = static_cast<int64_t>(env_or("MOE_BENCH_TOKENS", cuda ? 8192 : 2048));
   const int iters = static_cast<int>(env_or("MOE_BENCH_ITERS", cuda ? 20 : 5));
   // grouped_mm runs on the CPU through LibTorch's per-group fallback (it copies the offsets to
-  // the host), so the CPU ratio compares two loops; the CUTLASS kernel needs SM90+.
-  const bool grouped_ok = !cuda || cuda_compute_capability(dev) >= 90;
+  // the host), so the CPU ratio compares two loops; its CUTLASS kernel needs 9.x/10.x. The
+  // cutlass backend (CUDA from 8.0) is timed on a GPU only.
+  const int cc = cuda_compute_capability(dev);
+  const bool grouped_ok = !cuda || (cc >= 90 && cc < 110);
+  const bool cutlass_ok = cuda && cc >= 80 && cutlass_grouped_gemm_built();
   std::cout << "MoE layer: dim " << dim << ", expert hidden " << hidden << ", " << E
             << " experts, top-" << K << ", " << tokens << " tokens, "
             << (cuda ? "CUDA bf16" : "CPU fp32") << ", " << iters << " timed iterations\n";
   std::map<std::string, double> tps;
-  for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+  for (auto b : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM, ExpertsBackend::Cutlass}) {
     if (b == ExpertsBackend::GroupedMM && !grouped_ok) {
-      std::cout << "grouped_mm: skipped (this CUDA device is below compute capability 9.0)\n";
+      std::cout << "grouped_mm: skipped (needs CUDA compute capability 9.x/10.x)\n";
+      continue;
+    }
+    if (b == ExpertsBackend::Cutlass && !cutlass_ok) {
+      std::cout << "cutlass: skipped (needs a CUDA device from 8.0 and a build with CUTLASS)\n";
       continue;
     }
     MoEArgs a;
@@ -73,9 +81,13 @@ TEST_CASE("moe bench: one MoE layer forward and backward with loop and grouped_m
               << std::setprecision(1) << 1e3 * s / iters << " ms per forward+backward, "
               << std::setprecision(0) << tps[experts_backend_name(b)] << " tokens/s\n";
   }
-  if (tps.count("grouped_mm"))
-    std::cout << "grouped_mm / loop throughput ratio: " << std::setprecision(2)
-              << tps["grouped_mm"] / tps["loop"] << "\n";
+  for (const char* b : {"grouped_mm", "cutlass"})
+    if (tps.count(b))
+      std::cout << b << " / loop throughput ratio: " << std::setprecision(2)
+                << tps[b] / tps["loop"] << "\n";
+  if (tps.count("grouped_mm") && tps.count("cutlass"))
+    std::cout << "cutlass / grouped_mm throughput ratio: " << std::setprecision(2)
+              << tps["cutlass"] / tps["grouped_mm"] << "\n";
   SUCCEED();
 }
 

@@ -302,6 +302,14 @@ TEST_CASE("moe experts: backend selection on CPU", "[moe]") {
     CHECK_THAT(std::string(e.what()), Contains("moe.experts_backend") && Contains("grouped_mm") &&
                                           Contains("9.0") && Contains("loop"));
   }
+  try {
+    select_experts_backend("cutlass", at::kCPU);
+    FAIL("cutlass on the CPU must be refused");
+  } catch (const UserError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("moe.experts_backend") && Contains("cutlass") &&
+                                          Contains("allowed here: auto, loop"));
+  }
+  CHECK_THROWS_AS(select_experts_backend("fast", at::kCPU), UserError);
 }
 
 TEST_CASE("moe dispatch: the aligned permute and combine are one gather each way", "[moe]") {

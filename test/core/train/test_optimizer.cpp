@@ -109,3 +109,38 @@ TEST_CASE("optimizer: fused AdamW equals torch.optim.AdamW", "[optimizer]") {
   }
   WARN("fused AdamW vs torch.optim.AdamW: worst relative error " << worst);
 }
+
+TEST_CASE("optimizer: foreach AdamW reading the device lr equals the host-lr update bit for bit",
+          "[optimizer][compile]") {
+  // The foreach path used to take the lr as a host scalar (which a captured graph would
+  // freeze); it now reads AdamW's fp64 lr tensor. Reference: the former host-scalar
+  // formula, written out here, over 6 steps with the lr changing every step.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  at::Tensor p = at::randn({9, 4}, gen).requires_grad_(true);
+  at::Tensor q = p.detach().clone(), m = at::zeros_like(q), v = at::zeros_like(q);
+  OptimizerSection cfg = default_config().optimizer;
+  cfg.implementation = "foreach";
+  cfg.weight_decay = 0.1;
+  AdamW opt({p}, {true}, cfg);
+  for (int t = 1; t <= 6; ++t) {
+    at::Tensor g = at::randn({9, 4}, gen);
+    p.mutable_grad() = g.clone();
+    const double lr = 3e-3 / t;
+    opt.set_lr(lr);
+    opt.step();
+    // The host-lr formula: the same ops in the same order with the lr as a double.
+    const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = std::sqrt(1.0 - std::pow(cfg.beta2, t));
+    q.mul_(1.0 - lr * cfg.weight_decay);
+    m.lerp_(g, 1.0 - cfg.beta1);
+    v.mul_(cfg.beta2).addcmul_(g, g, 1.0 - cfg.beta2);
+    at::Tensor bc1_t = 1.0 - at::pow(cfg.beta1, at::full({}, static_cast<float>(t)));
+    at::Tensor bc2_t = (1.0 - at::pow(cfg.beta2, at::full({}, static_cast<float>(t)))).sqrt();
+    at::Tensor step = -(1.0 / (bc1_t / lr));
+    at::Tensor denom = (v.sqrt() / bc2_t + cfg.eps) / step;
+    q.addcdiv_(m, denom);
+    (void)bc1;
+    (void)bc2;
+    INFO("step " << t);
+    CHECK(at::equal(p.detach(), q));
+  }
+}

@@ -1,0 +1,227 @@
+#include "app/compiled_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "core/base/errors.h"
+
+// The graph API needs the CUDA runtime headers (the wheel is a CUDA build, so they are here
+// whenever nvcc is); a CPU-only LibTorch builds the CPU check only.
+#if __has_include(<ATen/cuda/CUDAGraph.h>) && __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#define TITAN_CUDA_GRAPHS 1
+#endif
+
+namespace titan {
+
+void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_experts) {
+  if (!cfg.compile.enable) return;
+  const std::string why = "compile.enable = true captures the train step, which ";
+  if (cfg.parallelism.expert_parallel_degree > 1)
+    throw UserError("parallelism.expert_parallel_degree = " +
+                    std::to_string(cfg.parallelism.expert_parallel_degree) + ": " + why +
+                    "cannot hold expert parallelism's exchange yet (its all-to-all splits are "
+                    "token counts read on the host; a fixed-capacity exchange is coming as "
+                    "moe.ep_exchange = \"static\"); allowed with compile.enable: 1");
+  if (cfg.optimizer.implementation == "for-loop")
+    throw UserError("optimizer.implementation = \"for-loop\": " + why +
+                    "cannot hold (the reference AdamW reads each step count on the host); "
+                    "allowed with compile.enable: \"fused\", \"foreach\"");
+  if (moe_model && loop_experts)
+    throw UserError(
+        "moe.experts_backend = \"" + cfg.moe.experts_backend +
+        "\" runs the loop experts here, " + why +
+        "cannot hold: the loop reads the per-expert token counts on the host in every MoE "
+        "layer; allowed with compile.enable: a sync-free backend (grouped_mm on CUDA compute "
+        "capability >= 9.0), or compile.enable = false");
+  std::vector<std::string> c = cfg.compile.components;
+  std::sort(c.begin(), c.end());
+  if (c != std::vector<std::string>{"loss", "model"})
+    throw UserError(
+        "compile.components lists only part of [\"model\", \"loss\"]: titan-train captures the "
+        "whole step (the model's blocks and the loss in one graph, with the optimizer in a "
+        "second), so it cannot capture one without the other; allowed: [\"model\", \"loss\"] "
+        "(the default), or compile.enable = false");
+}
+
+std::string step_inputs_key(const std::vector<MicroBatch>& micro) {
+  std::ostringstream os;
+  for (const auto& mb : micro)
+    os << mb.tokens.sizes() << mb.labels.sizes() << mb.tokens.device() << '@'
+       << mb.tokens.data_ptr() << ',' << mb.labels.data_ptr() << ';';
+  return os.str();
+}
+
+#ifdef TITAN_CUDA_GRAPHS
+struct CompiledStep::Graphs {
+  c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  std::unique_ptr<at::cuda::CUDAGraph> fwdbwd, opt;
+  at::Tensor loss, grad_norm;  // static outputs, rewritten by every replay
+};
+#else
+struct CompiledStep::Graphs {};
+#endif
+
+CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
+                           int64_t warmup_steps)
+    : model_(model), opt_(opt), sync_(sync), cuda_(cuda), warmup_(warmup_steps) {
+  if (!cuda_) {
+    check_ = std::make_unique<CaptureCheck>(/*warmup_steps=*/1);
+    return;
+  }
+#ifdef TITAN_CUDA_GRAPHS
+  graphs_ = std::make_unique<Graphs>();
+#else
+  throw UserError("compile.enable = true on CUDA: this LibTorch has no CUDA graph API; "
+                  "allowed: compile.enable = false");
+#endif
+}
+
+CompiledStep::~CompiledStep() = default;
+
+StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+  if (cuda_) return step_cuda(micro, o);
+  StepOptions so = o;
+  so.timer = nullptr;  // marked here, around the phases (host clock on the CPU: no ops)
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  std::ostringstream key;  // the check's reference follows the input shapes only
+  for (const auto& mb : micro) key << mb.tokens.sizes() << mb.labels.sizes() << ';';
+  // As on CUDA: the lr is written before the step (outside what is checked), then the
+  // phases run as the graphs would hold them. The numbers are train_step's.
+  opt_.set_lr(so.lr);
+  mark(PhaseTimer::kStart);
+  check_->begin_step(key.str());
+  StepResult r;
+  r.loss = forward_backward(model_, micro, so, sync_);
+  mark(PhaseTimer::kForwardBackwardDone);
+  reduce_gradients(model_, sync_);
+  r.grad_norm = optimizer_phase(model_, opt_, so, sync_);
+  const bool compared = check_->end_step();
+  mark(PhaseTimer::kOptimizerDone);
+  if (compared && !reported_) {
+    report_ = check_->summary();
+    reported_ = true;
+  }
+  return r;
+}
+
+std::string CompiledStep::take_report() {
+  std::string r = std::move(report_);
+  report_.clear();
+  return r;
+}
+
+#ifdef TITAN_CUDA_GRAPHS
+
+namespace {
+
+// A replay changes the parameters on the device without running the host code that bumps
+// their version counters, so caches keyed by the version (the bf16 weight casts of
+// Model::weight) would go stale for eager use between replays (validation). Bumped after
+// every replay, and before a capture so that the capture records the casts.
+void bump_versions(Model& model) {
+  for (auto& p : model.params().tensors()) p.unsafeGetTensorImpl()->bump_version();
+}
+
+}  // namespace
+
+StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+  Graphs& g = *graphs_;
+  const std::string key = step_inputs_key(micro);
+  if (key != key_) {  // new shapes or buffers (or the first step): warm up, then capture
+    key_ = key;
+    warm_ = 0;
+    g.fwdbwd.reset();
+    g.opt.reset();
+  }
+  opt_.set_lr(o.lr);  // outside the graphs: each replay reads this step's lr
+  auto current = c10::cuda::getCurrentCUDAStream();
+  StepResult r;
+  if (warm_ < warmup_ || !g.fwdbwd) {
+    at::cuda::CUDAEvent before, after;
+    before.record(current);
+    before.block(g.stream);
+    {
+      c10::cuda::CUDAStreamGuard guard(g.stream);
+      if (warm_ < warmup_) {
+        r = train_step(model_, opt_, micro, o, sync_);  // its phase marks are on g.stream
+        ++warm_;
+      } else {
+        capture(micro, o);
+      }
+    }
+    after.record(g.stream);
+    after.block(current);
+    if (!g.fwdbwd) return r;  // a warm-up step
+  }
+  // Replay on the current stream (the loader's copies into the inputs are ordered before),
+  // with the phase marks (CUDA events) around the two graphs.
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  mark(PhaseTimer::kStart);
+  g.fwdbwd->replay();
+  mark(PhaseTimer::kForwardBackwardDone);
+  g.opt->replay();
+  mark(PhaseTimer::kOptimizerDone);
+  bump_versions(model_);
+  ++replays_;
+  r.loss = g.loss;
+  r.grad_norm = g.grad_norm;
+  return r;
+}
+
+void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptions& step_options) {
+  Graphs& g = *graphs_;
+  StepOptions o = step_options;
+  o.timer = nullptr;  // no events inside the graphs: the replays are marked instead
+  // Capturing records the kernels without running them; the replay that follows runs them.
+  // One private pool for both graphs: the second may reuse what the first freed, and the
+  // static outputs (loss, norm) stay allocated in it. Thread-local capture mode: the
+  // loader's thread may copy on its own stream meanwhile; the autograd engine's device thread
+  // launches backward onto the capturing stream, which records it.
+  const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+  bump_versions(model_);
+  g.fwdbwd = std::make_unique<at::cuda::CUDAGraph>();
+  g.opt = std::make_unique<at::cuda::CUDAGraph>();
+  const char* phase = "forward+backward";
+  try {
+    g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.loss = forward_backward(model_, micro, o, sync_);
+    reduce_gradients(model_, sync_);
+    g.fwdbwd->capture_end();
+    phase = "clip+AdamW";
+    g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    g.grad_norm = optimizer_phase(model_, opt_, o, sync_);
+    g.opt->capture_end();
+  } catch (const std::exception& e) {
+    // Not a user error: something on the step's path cannot be captured. The CPU capture
+    // check names the op and module of most such breaks.
+    TORCH_CHECK(false, "compile.enable: capturing the ", phase,
+                " graph of the train step failed (run the same config on the CPU for the "
+                "capture check's diagnosis, or set compile.enable = false): ", e.what());
+  }
+  ++captures_;
+  std::ostringstream os;
+  os << "compile: captured the train step as 2 CUDA graphs after " << warm_
+     << " eager warm-up steps (capture " << captures_ << ")";
+  report_ = os.str();
+}
+
+#else
+
+StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>&, const StepOptions&) {
+  TORCH_CHECK(false, "CompiledStep: built without the CUDA graph API");
+}
+
+void CompiledStep::capture(const std::vector<MicroBatch>&, const StepOptions&) {}
+
+#endif
+
+}  // namespace titan
