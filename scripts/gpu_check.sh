@@ -125,7 +125,7 @@ run_check() {
   export LD_LIBRARY_PATH="$torch_lib:$nv$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # The tests find the tree, the binary, Python and the corpus through these (test/test_util.h).
   export TITAN_SOURCE_DIR="$root" TITAN_BINARY="$root/build/titan-train" TITAN_PYTHON="$py"
-  export TITAN_CACHE="$root/.gpu/cache" OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+  export TITAN_CACHE="$root/.gpu/cache" OMP_NUM_THREADS="${OMP_NUM_THREADS:-16}"
   [ -e build ] || ln -s .gpu/build build
   # ctest's files name the build machine's paths: point them here.
   sed -i "s#$BUILT_BUILD_DIR#$root/.gpu/build#g; s#$BUILT_SOURCE_DIR#$root#g; s#$BUILT_PYTHON#$py#g" \
@@ -172,7 +172,7 @@ run_check() {
   step gpu_tests 200 step_gpu_tests
   step bench_llama3_1b 90 step_bench_llama3_1b
   step bench_llama3_8b_4l 110 step_bench_llama3_8b_4l
-  step bench_deepseek_16b_4l 110 step_bench_deepseek
+  step bench_deepseek_16b_4l 150 step_bench_deepseek
   step bench_capture 60 step_bench_capture
   summarize "$work" "$out" "$t_start"
 }
@@ -285,7 +285,7 @@ step_bench_llama3_1b() {
 
 step_bench_llama3_8b_4l() {
   need_gpu
-  local m=(--config configs/llama3_8b.toml --model.n_layers 4 --training.seq_len 8192
+  local m=(--config configs/llama3_debug.toml --model.flavor 8B --model.n_layers 4 --training.seq_len 8192
     --activation_checkpoint.mode full --training.steps 6 --metrics.log_freq 1)
   train llama3_8b_4l_b8 "${m[@]}" --training.local_batch_size 8 || exit 1
   eager llama3_8b_4l_b8_eager --steps 5 --batch 8 --seq_len 8192 --dim 4096 --n_layers 4 \
@@ -299,16 +299,19 @@ step_bench_deepseek() {
   local m=(--config configs/deepseek_v3_debug.toml --model.flavor 16B --model.n_layers 4
     --training.seq_len 4096 --training.local_batch_size 16 --training.steps 8 --metrics.log_freq 1)
   train dsv3_16b_4l_grouped "${m[@]}" --moe.experts_backend grouped_mm || exit 1
+  train dsv3_16b_4l_cutlass "${m[@]}" --moe.experts_backend cutlass || fig "cutlass: failed"
   train dsv3_16b_4l_loop "${m[@]}" --moe.experts_backend loop || exit 1
 }
 
 step_bench_capture() {
   need_gpu
-  build/titan-train --help | grep -q "compile.enable" || { echo "no compile.enable" >>"$FIG"; exit 77; }
+  build/titan-train --help | grep -A2 "compile.enable" | grep -qi "graph" ||
+    { echo "this build has no CUDA-graph capture" >>"$FIG"; exit 77; }
   local common=(--config configs/llama3_debug.toml --training.local_batch_size 1
     --training.seq_len 512 --training.steps 40 --metrics.log_freq 10)
   train debug_b1_eager "${common[@]}" || exit 1
   train debug_b1_captured "${common[@]}" --compile.enable true || exit 1
+  grep -q "CUDA graphs" "$work/runs/debug_b1_captured.log" || { fig "the run did not capture"; exit 1; }
 }
 
 summarize() {

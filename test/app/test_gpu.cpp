@@ -197,15 +197,16 @@ TEST_CASE("gpu: CUDA out of memory exits 3 naming the memory and a GPU-less LOCA
           "[gpu][cli]") {
   if (const char* why = missing_gpu()) TITAN_SKIP(why);
   test::TempDir dir("gpu-oom");
-  // About 1.5 TB of activations for one micro-batch: the first large allocation fails.
+  // Hundreds of GB of activations for one micro-batch of 4096 x 2048 tokens: an allocation
+  // of the forward fails.
   auto r = run_gpu(
       "--config configs/llama3_debug.toml --training.steps 1 --validation.enable false "
-      "--training.local_batch_size 64 --training.seq_len 131072 --job.dump_folder " +
+      "--training.local_batch_size 4096 --training.seq_len 2048 --job.dump_folder " +
       dir.file("oom"));
   INFO(r.out.substr(r.out.size() > 3000 ? r.out.size() - 3000 : 0));
   CHECK(r.rc == 3);
   CHECK_THAT(r.out, Contains("out of memory") && Contains("GiB free of") &&
-                        Contains("training.local_batch_size (now 64)"));
+                        Contains("training.local_batch_size (now 4096)"));
   // One GPU per rank: a LOCAL_RANK past the visible GPUs is a launch error, not GPU 0.
   const int64_t gpus = cuda_device_count();
   auto bad = test::run("cd " + test::source_dir() + " && env RANK=0 WORLD_SIZE=1 LOCAL_RANK=" +
