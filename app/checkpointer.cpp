@@ -20,14 +20,23 @@ using nlohmann::json;
 namespace {
 
 // A tensor laid out like p.value (the parameter or its AdamW moments): this rank's rows when
-// p is sharded, the padding rows zeroed.
+// p is sharded, the padding rows zeroed; this tp rank's slice of the whole (saved) tensor
+// when p is tensor-parallel: rows [tp_offset, ...) of dim-0 splits, and for dim-1 splits the
+// full-width rows with this rank's columns kept.
 bool restore_param(CheckpointReader& r, const std::string& key, const Param& p,
                    const at::Tensor& dst, bool required) {
-  if (!p.sharded()) return r.restore_rows(key, p.full_shape(), 0, -1, dst, required);
-  if (!r.restore_rows(key, p.full_shape(), p.dim0_offset, p.dim0_rows, p.valid(dst), required))
-    return false;
   at::NoGradGuard ng;
-  dst.narrow(0, p.dim0_rows, dst.size(0) - p.dim0_rows).zero_();
+  const int64_t first = (p.sharded() ? p.dim0_offset : 0) + (p.tp_dim == 0 ? p.tp_offset : 0);
+  const int64_t rows = p.sharded() ? p.dim0_rows : (p.tp_dim >= 0 ? dst.size(0) : -1);
+  const at::Tensor mine = p.valid(dst);
+  if (p.tp_dim == 1) {
+    at::Tensor whole = at::empty({mine.size(0), p.tp_shape[1]}, dst.options());
+    if (!r.restore_rows(key, p.model_shape(), first, mine.size(0), whole, required)) return false;
+    mine.copy_(whole.narrow(1, p.tp_offset, mine.size(1)));
+  } else if (!r.restore_rows(key, p.model_shape(), first, rows, mine, required)) {
+    return false;
+  }
+  if (p.sharded()) dst.narrow(0, p.dim0_rows, dst.size(0) - p.dim0_rows).zero_();
   return true;
 }
 
@@ -73,13 +82,23 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   staged_on_device_ = false;
   const bool rank0 = group_.rank == 0;
   // A parameter's value or optimizer state: its valid rows when sharded, by every writing
-  // rank; replicated values by rank 0 only.
+  // rank; replicated values by rank 0 only. Under tensor parallelism the file holds the whole
+  // tensor's rows: dim-0 slices are written by each tp rank at their global rows, dim-1
+  // slices gathered over the tp ranks (a collective of the writing ranks) and written by tp
+  // rank 0, like the replicated parameters.
+  TensorParallelComm* tp = st.model->tensor_parallel();
   auto add_param_like = [&](const std::string& key, const Param& p, const at::Tensor& t,
                             at::ScalarType dtype) {
-    if (p.sharded() ? !group_.writes : !rank0) return;
-    at::Tensor c = stage(key, p.valid(t));
-    s.entries.push_back({key, c.scalar_type() == dtype ? c : c.to(dtype), p.full_shape(),
-                         p.dim0_offset});
+    if ((p.sharded() || tp) ? !group_.writes : !rank0) return;
+    at::Tensor v = p.valid(t);
+    int64_t first = p.sharded() ? p.dim0_offset : 0;
+    if (p.tp_dim == 1)
+      v = tp->gather_last(v.contiguous());
+    else if (p.tp_dim == 0)
+      first += p.tp_offset;
+    if (tp && p.tp_dim != 0 && tp->rank() != 0) return;
+    at::Tensor c = stage(key, v);
+    s.entries.push_back({key, c.scalar_type() == dtype ? c : c.to(dtype), p.model_shape(), first});
   };
   auto add_replicated = [&](const std::string& key, const at::Tensor& t) {
     if (rank0) s.entries.push_back({key, stage(key, t), t.sizes().vec(), 0});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "core/telemetry/memory_stats.h"
 #include "core/train/model.h"
 #include "models/registry.h"
+#include "parallel/tensor_parallel.h"
 
 namespace titan {
 namespace {
@@ -42,7 +44,7 @@ Gpu gpu_named(const std::string& g) {
 }
 
 struct Plan {
-  int64_t world = 1, replicate = 1, shard = 1, ep = 1;
+  int64_t world = 1, replicate = 1, shard = 1, ep = 1, tp = 1;
   int64_t micro_batches = 1, local_batch = 1, seq_len = 1;
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
@@ -53,6 +55,9 @@ struct Sizes {
   double params = 0, grads = 0, optim = 0;    // bytes on one rank
   double max_unit = 0, root_units = 0;        // full (gathered) bytes, param dtype
   double gather = 0, reduce = 0, replicate = 0;  // bytes one rank sends per step
+  // Tensor parallel: the sequence-parallel all-gathers and reduce-scatters of activations
+  // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
+  double tp_collectives = 0, act_bytes = 0, loss_bytes = 0, tp_sent = 0;
 };
 
 int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0); }
@@ -82,7 +87,7 @@ Sizes size_plan(const Model& m, const Plan& pl) {
         s.reduce += pl.micro_batches * static_cast<double>(group - 1) * local *
                     static_cast<double>(pl.reduce_bytes);
       }
-      const double rep = pl.shard > 1 ? pl.replicate : pl.world;
+      const double rep = pl.shard > 1 ? pl.replicate : pl.world / pl.tp;
       s.replicate += 2.0 * (rep - 1) / rep * local * static_cast<double>(pl.reduce_bytes);
     }
     for (double f : unit_full) {
@@ -94,6 +99,50 @@ Sizes size_plan(const Model& m, const Plan& pl) {
   }
   return s;
 }
+
+// Per block and micro-batch: forward all-gathers before attention and the MLP and
+// reduce-scatters after them (4), the same in backward (4), and the forward's 4 again when
+// blocks are recomputed (full activation checkpointing); plus the embedding's reduce-scatter
+// and the loss input's all-gather, each with its backward twin; plus the loss's 3 all-reduces
+// of one fp32 per token.
+void size_tp(const Model& m, const Plan& pl, Sizes& s) {
+  if (pl.tp == 1) return;
+  const double tokens = static_cast<double>(pl.local_batch * pl.seq_len);
+  s.act_bytes = tokens * static_cast<double>(m.info().dim * pl.param_bytes);
+  s.loss_bytes = tokens * 4;
+  const double per_block = pl.ac == "full" ? 12 : 8;
+  s.tp_collectives =
+      static_cast<double>(pl.micro_batches) * (per_block * static_cast<double>(m.info().n_layers) + 4);
+  const double frac = static_cast<double>(pl.tp - 1) / static_cast<double>(pl.tp);
+  s.tp_sent = frac * (s.tp_collectives * s.act_bytes +
+                      2.0 * 3 * static_cast<double>(pl.micro_batches) * s.loss_bytes);
+}
+
+// The tensor-parallel collectives with the shapes they would have, on the meta device:
+// gathers repeat the shard, reduce-scatters slice it (what a rank holds either way).
+class ShapeOnlyTensorParallel : public TensorParallelComm {
+ public:
+  explicit ShapeOnlyTensorParallel(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  int64_t rank() const override { return 0; }
+  at::Tensor gather_seq(const at::Tensor& x) override {
+    std::vector<int64_t> rep(static_cast<size_t>(x.dim()), 1);
+    rep[1] = n_;
+    return x.repeat(rep);
+  }
+  at::Tensor reduce_scatter_seq(const at::Tensor& x) override {
+    return x.narrow(1, 0, x.size(1) / n_).clone();
+  }
+  void allreduce(at::Tensor&, bool) override {}
+  at::Tensor gather_last(const at::Tensor& x) override {
+    std::vector<int64_t> rep(static_cast<size_t>(x.dim()), 1);
+    rep.back() = n_;
+    return x.repeat(rep);
+  }
+
+ private:
+  int64_t n_;
+};
 
 }  // namespace
 
@@ -107,6 +156,7 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   pl.shard = d.dp_shard;
   pl.replicate = cfg.parallelism.data_parallel_replicate_degree;
   pl.ep = cfg.parallelism.expert_parallel_degree;
+  pl.tp = cfg.parallelism.tensor_parallel_degree;
   pl.micro_batches = d.grad_accum_steps;
   pl.local_batch = cfg.training.local_batch_size;
   pl.seq_len = cfg.training.seq_len;
@@ -136,6 +186,10 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
   install_meta_memory_counter();
   register_meta_kernels();
   std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
+  if (pl.tp > 1) {
+    split_for_tensor_parallel(*m, pl.tp, 0);
+    m->set_tensor_parallel(std::make_shared<ShapeOnlyTensorParallel>(pl.tp));
+  }
   if (pl.param_bytes == 2) {
     // bf16 weights as FSDP gathers them (and as the cast cache holds them without FSDP,
     // counted separately): neither the casts nor the weights a GEMM saves are activations.
@@ -165,44 +219,55 @@ void print_gib(const char* what, double bytes) {
   std::printf("  %-48s %12.6f GiB\n", what, bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
-}  // namespace
 
-int run_estimate_command(int argc, char** argv) {
-  CLI::App app{"titan-train estimate: memory, FLOPs, communication and step time per rank"};
-  std::string config_file, gpu = "h100";
+struct EstimateArgs {
+  JobConfig cfg;
+  std::string gpu = "h100";
   int64_t world = 1;
+};
+
+// --config FILE, --world N, --gpu G, --set section.key=value, and any training override
+// (--section.key value), applied as training applies them: defaults < TOML < overrides.
+EstimateArgs parse_estimate_args(int argc, char** argv) {
+  CLI::App app{"titan-train estimate: memory, FLOPs, communication and step time per rank"};
+  EstimateArgs a;
+  std::string config_file;
   std::vector<std::string> sets;
   app.add_option("--config", config_file, "job config (TOML)")->required();
-  app.add_option("--world", world, "number of ranks (GPUs)")->check(CLI::PositiveNumber);
-  app.add_option("--gpu", gpu, "a100, h100, h200 or b200 (peak FLOP/s and link bandwidths)");
+  app.add_option("--world", a.world, "number of ranks (GPUs)")->check(CLI::PositiveNumber);
+  app.add_option("--gpu", a.gpu, "a100, h100, h200 or b200 (peak FLOP/s and link bandwidths)");
   app.add_option("--set", sets, "key=value overrides, e.g. --set training.seq_len=8192");
+  app.footer("Any training override works too, e.g. --model.flavor 405B "
+             "--parallelism.tensor_parallel_degree 8.");
+  app.allow_extras();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", app.help().c_str());
-    return 0;
+    std::exit(0);
   } catch (const CLI::ParseError& e) {
     throw UserError(std::string("estimate: ") + e.what());
   }
-  JobConfig cfg = default_config();
+  std::vector<std::string> args = {"titan-train", "--config", config_file};
+  for (const std::string& x : app.remaining()) args.push_back(x);
+  std::vector<const char*> argv2;
+  for (const std::string& x : args) argv2.push_back(x.c_str());
+  a.cfg = parse_command_line(static_cast<int>(argv2.size()), argv2.data()).cfg;
   std::vector<std::string> warnings;
-  apply_toml_file(cfg, config_file, warnings);
-  for (const std::string& s : sets) {
-    const auto eq = s.find('=');
-    const auto dot = s.rfind('.', eq);
+  for (const std::string& x : sets) {
+    const auto eq = x.find('=');
+    const auto dot = x.rfind('.', eq);
     if (eq == std::string::npos || dot == std::string::npos)
-      throw UserError("estimate --set " + s + ": expected section.key=value (a TOML value)");
+      throw UserError("estimate --set " + x + ": expected section.key=value (a TOML value)");
     const std::string toml =
-        "[" + s.substr(0, dot) + "]\n" + s.substr(dot + 1, eq - dot - 1) + " = " + s.substr(eq + 1);
-    apply_toml_string(cfg, toml, "--set " + s, warnings);
+        "[" + x.substr(0, dot) + "]\n" + x.substr(dot + 1, eq - dot - 1) + " = " + x.substr(eq + 1);
+    apply_toml_string(a.cfg, toml, "--set " + x, warnings);
   }
-  validate_config(cfg);
-  const Gpu g = gpu_named(gpu);
-  const Plan pl = make_plan(cfg, world);
-  std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
-  const ModelInfo& info = m->info();
-  const Sizes s = size_plan(*m, pl);
-  const Activations act = measure_activations(cfg, pl);
+  validate_config(a.cfg);
+  return a;
+}
+
+void print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
   // The step's peak is either at the end of the forward (the loss's chunk buffers and
   // in-forward gradients, with only the root units gathered) or in the backward (with the
   // unit being differentiated gathered, the next one prefetched and the unit's full
@@ -216,16 +281,9 @@ int run_estimate_command(int argc, char** argv) {
   const double transient = std::max(act.forward_peak, act.backward_peak + gathered);
   // Unsharded bf16 runs keep one bf16 cast of every weight per optimizer step (Model::weight).
   const double casts = pl.shard == 1 && pl.param_bytes == 2 ? s.params / 2 : 0.0;
-  std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
-              static_cast<long long>(world), gpu.c_str());
-  std::printf("  plan: dp_replicate %lld x dp_shard %lld (ep %lld), %lld micro-batch(es) of "
-              "%lld x %lld tokens, activation checkpointing %s\n",
-              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard),
-              static_cast<long long>(pl.ep), static_cast<long long>(pl.micro_batches),
-              static_cast<long long>(pl.local_batch), static_cast<long long>(pl.seq_len),
-              pl.ac.c_str());
   std::printf("memory per rank:\n");
-  print_gib("parameters (fp32 shards)", s.params);
+  print_gib(pl.tp > 1 ? "parameters (fp32, tp slices, FSDP shards)" : "parameters (fp32 shards)",
+            s.params);
   print_gib("gradients (fp32)", s.grads);
   print_gib("AdamW state (fp32 exp_avg, exp_avg_sq)", s.optim);
   print_gib("bf16 weight casts (unsharded runs)", casts);
@@ -235,24 +293,68 @@ int run_estimate_command(int argc, char** argv) {
   print_gib("forward peak: activations + loss chunks", act.forward_peak);
   print_gib("backward peak: activations + gradients in flight", act.backward_peak);
   print_gib("total", s.params + s.grads + s.optim + casts + root + transient);
+}
+
+void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu& g,
+                const std::string& gpu) {
+  // A dp rank's tokens are shared by its tp ranks, each doing 1/tp of every matmul.
   const double tokens = static_cast<double>(pl.micro_batches * pl.local_batch * pl.seq_len);
   const double fpt = static_cast<double>(info.flops_per_token(pl.seq_len));
-  const double compute_s = fpt * tokens / (g.peak_flops * g.efficiency);
-  const bool intra = world <= g.per_node;
+  const double rank_flops = fpt * tokens / static_cast<double>(pl.tp);
+  const double compute_s = rank_flops / (g.peak_flops * g.efficiency);
+  // TP stays inside a node (NVLink); FSDP/HSDP cross nodes once the world exceeds one.
+  const bool intra = pl.world <= g.per_node;
   const double bw = intra ? g.intra_bytes_s : g.inter_bytes_s;
   const double comm_s = (s.gather + s.reduce + s.replicate) / bw;
-  const double step_s = std::max(compute_s, comm_s);  // full overlap assumed
-  std::printf("compute: %.4g FLOPs/token, %.4g tokens per rank per step\n", fpt, tokens);
+  const double tp_s = s.tp_sent / g.intra_bytes_s;
+  // FSDP's collectives overlap compute; the tensor-parallel ones sit on the critical path.
+  const double step_s = std::max(compute_s, comm_s) + tp_s;
+  std::printf("compute: %.4g FLOPs/token, %.4g tokens per dp rank per step, %.4g FLOPs per rank\n",
+              fpt, tokens, rank_flops);
   std::printf("bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
-              "all-reduce %.4g\n", s.gather, s.reduce, s.replicate);
-  std::printf("step time: compute %.4g s, communication %.4g s, step %.4g s; MFU %.1f%%\n",
-              compute_s, comm_s, step_s, 100.0 * fpt * tokens / (step_s * g.peak_flops));
+              "all-reduce %.4g, tensor parallel %.4g\n",
+              s.gather, s.reduce, s.replicate, s.tp_sent);
+  if (pl.tp > 1)
+    std::printf("tensor parallel per step: %.0f sequence-parallel collectives of %.4g bytes "
+                "(activations, gathered size), %lld loss all-reduces of %.4g bytes\n",
+                s.tp_collectives, s.act_bytes, static_cast<long long>(3 * pl.micro_batches),
+                s.loss_bytes);
+  std::printf("step time: compute %.4g s, communication %.4g s (tensor parallel %.4g s), step "
+              "%.4g s; MFU %.1f%%\n",
+              compute_s, comm_s + tp_s, tp_s, step_s, 100.0 * rank_flops / (step_s * g.peak_flops));
   std::printf("assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
-              "rank (%lld GPUs per node); communication fully overlapped with compute; "
-              "activations counted from a meta-device forward and backward of one micro-batch "
-              "(balanced MoE routing, flash-attention saved tensors)\n",
-              g.peak_flops, 100 * g.efficiency, intra ? "NVLink" : "inter-node",
-              bw, static_cast<long long>(g.per_node));
+              "rank (%lld GPUs per node), tensor parallel over NVLink %.4g B/s; FSDP "
+              "communication overlapped with compute, tensor-parallel not; activations counted "
+              "from a meta-device forward and backward of one micro-batch (balanced MoE routing, "
+              "flash-attention saved tensors)\n",
+              g.peak_flops, 100 * g.efficiency, intra ? "NVLink" : "inter-node", bw,
+              static_cast<long long>(g.per_node), g.intra_bytes_s);
+  (void)gpu;
+}
+
+}  // namespace
+
+int run_estimate_command(int argc, char** argv) {
+  const EstimateArgs a = parse_estimate_args(argc, argv);
+  const JobConfig& cfg = a.cfg;
+  const Gpu g = gpu_named(a.gpu);
+  const Plan pl = make_plan(cfg, a.world);
+  std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
+  const ModelInfo info = m->info();
+  split_for_tensor_parallel(*m, pl.tp, 0);  // this rank's slices (exit 2 for a bad plan)
+  Sizes s = size_plan(*m, pl);
+  size_tp(*m, pl, s);
+  const Activations act = measure_activations(cfg, pl);
+  std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
+              static_cast<long long>(a.world), a.gpu.c_str());
+  std::printf("  plan: dp_replicate %lld x dp_shard %lld x tp %lld (ep %lld), %lld micro-batch(es) "
+              "of %lld x %lld tokens, activation checkpointing %s\n",
+              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard),
+              static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
+              static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
+              static_cast<long long>(pl.seq_len), pl.ac.c_str());
+  print_memory(pl, s, act);
+  print_time(info, pl, s, g, a.gpu);
   return 0;
 }
 

@@ -116,8 +116,10 @@ void Trainer::setup_distributed() {
   if (launch_.world_size > 1 || launch_.source == "torchrun") {
     pg_ = std::make_unique<ProcessGroup>(launch_, cfg_.comm, cuda_);
     pg_->check_same_config(config_hash(cfg_));
+    tp_ = cfg_.parallelism.tensor_parallel_degree;
     mesh_ = build_mesh(*pg_, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
-                       cfg_.parallelism.expert_parallel_degree);
+                       cfg_.parallelism.expert_parallel_degree, tp_);
+    dp_rank_ = mesh_->dp_rank();
   }
   // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
   // otherwise the replicas hold it whole and all-reduce gradients (DDP). TITAN_FORCE_FSDP=1
@@ -159,7 +161,7 @@ void Trainer::setup_data() {
   if (v.enable && !v.dataset_path.empty())
     val_blend_ = open_blend(dataset_specs(v.dataset, v.dataset_path, {}, "validation"), vocab,
                             0.0, raw);
-  loader_ = std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, launch_.rank,
+  loader_ = std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, dp_rank_,
                                      d_.dp_degree, d_.grad_accum_steps,
                                      static_cast<uint64_t>(cfg_.debug.seed), device_,
                                      /*prefetch_depth=*/2);
@@ -173,7 +175,7 @@ void Trainer::setup_model() {
   // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
   // (or read from the Hugging Face folder) only their own rows: no rank ever holds the whole
   // model.
-  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_);
+  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ || tp_ > 1);
   const ModelInfo& info = model_->info();
   if (tokenizer_->vocab_size() > info.vocab_size)
     throw UserError("tokenizer '" + tok_path_ + "' has a vocabulary of " +
@@ -194,7 +196,7 @@ void Trainer::setup_model() {
              "the ops between them recomputed)");
   if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
-  if (hf_init_ && !fsdp_) load_hf_init();
+  if (hf_init_ && !fsdp_ && tp_ == 1) load_hf_init();
 }
 
 void Trainer::load_hf_init() {
@@ -224,6 +226,29 @@ static bool comm_overlap() {
   return v == nullptr || std::string(v) != "0";
 }
 
+// Tensor parallelism cuts the parameters first (parallel/tensor_parallel.h); FSDP then shards
+// the slices over the data-parallel ranks of each tp index.
+void Trainer::apply_tp() {
+  if (tp_ == 1) return;
+  const auto& cc = cfg_.checkpoint;
+  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+    throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
+                    " with checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face import "
+                    "and export of tensor-parallel slices are not implemented yet; allowed: "
+                    "tensor_parallel_degree = 1, or both false (native checkpoints work)");
+  if (cfg_.moe.seq_aux_loss_coeff > 0 && model_->num_experts() > 0)
+    throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
+                    " with moe.seq_aux_loss_coeff > 0: the sequence-wise balance loss needs whole "
+                    "sequences, and tensor parallelism routes sequence shards; allowed: "
+                    "seq_aux_loss_coeff = 0 under tensor parallelism");
+  apply_tensor_parallel(*model_, *mesh_->tp_group);
+  if (cfg_.parallelism.expert_tensor_parallel_degree > 1 && model_->num_experts() > 0)
+    log_warn("parallelism.expert_tensor_parallel_degree = " +
+             std::to_string(cfg_.parallelism.expert_tensor_parallel_degree) +
+             ": the routed experts are not split over the tp ranks yet; each tp rank holds "
+             "them whole and runs its sequence shard through them (as etp = 1)");
+}
+
 EpExchangeOptions Trainer::ep_options() const {
   EpExchangeOptions o;
   // auto: static under capture (it needs fixed shapes and no host read), exact otherwise
@@ -235,6 +260,7 @@ EpExchangeOptions Trainer::ep_options() const {
 }
 
 void Trainer::parallelize() {
+  apply_tp();
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
     const int64_t E = model_->num_experts();
@@ -271,10 +297,25 @@ void Trainer::parallelize() {
     else
       model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
+  } else if (tp_ > 1) {
+    // The deferred tp slices, allocated and drawn here; replicas (if any) all-reduce.
+    model_->params().materialize();
+    model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    const at::ScalarType reduce =
+        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    if (mesh_->dp_degree() > 1) {
+      ddp_ = std::make_unique<DataParallel>(*mesh_->replicate_group, model_->params().tensors(),
+                                            reduce, 25 << 20, comm_overlap());
+      grad_sync_ = ddp_.get();
+    }
   } else if (pg_) {
     ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce_dtype(cfg_),
                                           25 << 20, comm_overlap());
     grad_sync_ = ddp_.get();
+  }
+  if (tp_ > 1) {
+    tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
+    grad_sync_ = tp_sync_.get();
   }
   if (pg_) {
     // MoE load counts are summed over every data-parallel rank so every rank updates its
@@ -338,6 +379,9 @@ void Trainer::log_plan() const {
              ", " + sharded_->describe();
   else if (ddp_)
     layout = "DDP (replicated), " + ddp_->describe();
+  if (tp_ > 1)
+    layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
+             describe_tp(*model_, tp_);
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
@@ -395,8 +439,9 @@ void Trainer::resume() {
   // from the dim-0 ranges in metadata.json.
   CheckpointGroup cg;
   cg.rank = launch_.rank;
-  cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0);
-  cg.writers = sharded_ ? mesh_->shard : 1;
+  cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0) ||
+              (tp_ > 1 && !sharded_ && dp_rank_ == 0);
+  cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
     cg.token = pg_->store_get("checkpoint/token");
@@ -438,6 +483,7 @@ int Trainer::train_loop() {
   o.dp_degree = d_.dp_degree;
   o.max_norm = cfg_.training.max_norm;
   const int64_t first_step = state_.step + 1;
+  const auto counts0 = ProcessGroup::comm_counts();
   for (int64_t step = first_step; step <= cfg_.training.steps; ++step) {
     const bool log =
         step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
@@ -490,7 +536,33 @@ int Trainer::train_loop() {
       save(/*model_only=*/false);
   }
   profiler_->finish(state_.step);  // a window the last step cut short
+  log_comm_per_step(counts0, state_.step - first_step + 1);
   return 0;
+}
+
+// "=> collectives per step on this rank: all-gather 14.0 x 65.5 KiB; ... total 917.0 KiB per
+// step": the counted traffic of the loop (logging's all-reduces included), for layout
+// comparisons.
+void Trainer::log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
+                                int64_t steps) const {
+  if (!pg_ || steps <= 0) return;
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << "=> collectives per step on this rank:";
+  int64_t total = 0;
+  for (const auto& [kind, c] : ProcessGroup::comm_counts()) {
+    auto it = before.find(kind);
+    const int64_t calls = c.calls - (it == before.end() ? 0 : it->second.calls);
+    const int64_t bytes = c.bytes - (it == before.end() ? 0 : it->second.bytes);
+    if (calls == 0) continue;
+    total += bytes;
+    os << " " << kind << " " << static_cast<double>(calls) / static_cast<double>(steps) << " x "
+       << static_cast<double>(bytes) / static_cast<double>(calls) / 1024.0 << " KiB;";
+  }
+  os << " total " << static_cast<double>(total) / static_cast<double>(steps) / 1024.0
+     << " KiB per step";
+  log_info(os.str());
 }
 
 bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
@@ -500,6 +572,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     // r.loss is this rank's share of the global mean; dp x that is the rank's own mean.
     at::Tensor mean = r.loss.to(at::kDouble);
     at::Tensor rank_max = mean * static_cast<double>(d_.dp_degree);
+    mean.div_(static_cast<double>(tp_));  // the tp ranks of a dp rank hold the same loss
     pg_->allreduce(mean, ReduceOp::Sum);
     pg_->allreduce(rank_max, ReduceOp::Max);
     m.loss = mean.item<double>();
@@ -557,7 +630,7 @@ void Trainer::validate(int64_t step) {
   const auto& v = cfg_.validation;
   const bool own = val_blend_ != nullptr;
   ValidationReader vr(own ? *val_blend_ : *blend_, /*holdout=*/!own, v.seq_len,
-                      v.local_batch_size, launch_.rank, d_.dp_degree, device_);
+                      v.local_batch_size, dp_rank_, d_.dp_degree, device_);
   const int64_t n = v.steps < 0 ? vr.batches() : std::min(v.steps, vr.batches());
   at::Tensor sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   int64_t tokens = 0;

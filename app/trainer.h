@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "parallel/launch_env.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
 
 namespace titan {
 
@@ -47,6 +49,9 @@ class Trainer {
   void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
+  void apply_tp();
+  void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
+                         int64_t steps) const;
   // The expert-parallel exchange of moe.ep_exchange and moe.ep_capacity_factor.
   EpExchangeOptions ep_options() const;
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
@@ -89,7 +94,10 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<FullyShardedDataParallel> sharded_;
   std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<TensorParallelGradSync> tp_sync_;
   GradSync* grad_sync_ = nullptr;
+  int64_t tp_ = 1;       // parallelism.tensor_parallel_degree
+  int64_t dp_rank_ = 0;  // this rank's data shard (the global rank / tp)
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LRSchedule> sched_;
 

@@ -174,6 +174,7 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
                 return block(l, x, w);
               });
 
+  declare_tp_plan();
   info_ = base_info("deepseek_v3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = active_non_embedding_params();
   info_.attn_flops_dims = a.n_layers * H * (qk + a.v_head_dim);
@@ -181,11 +182,13 @@ DeepSeekV3::DeepSeekV3(const DeepSeekV3Args& a, at::Device device) : args_(a) {
 
 at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const auto& a = args_;
-  const int64_t B = x.size(0), T = x.size(1), H = a.n_heads;
+  const int64_t B = x.size(0);
   const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim;
   size_t k = 0;
   auto attention = std::make_unique<ModuleScope>("attention");  // ends after the output projection
-  at::Tensor h = rms_norm(x, w[k++], a.norm_eps);
+  // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
+  at::Tensor h = seq_gather(rms_norm(x, w[k++], a.norm_eps));
+  const int64_t T = h.size(1);
   // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
   at::Tensor q;
   if (a.q_lora_rank == 0) {
@@ -195,6 +198,7 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
     at::Tensor qn = rms_norm(qa, w[k++], a.norm_eps);
     q = project(qn, w[k++]);
   }
+  const int64_t H = q.size(-1) / (nope + rope);  // this tp rank's heads (all on one rank)
   q = q.view({B, T, H, nope + rope});
   q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rope_)}, -1);
   // Keys and values from the compressed latent (B, T, kv_lora_rank) plus one shared rope key.
@@ -205,20 +209,60 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
-  at::Tensor y = x + project(attn, w[k++]);
+  at::Tensor y = x + seq_reduce(project(attn, w[k++]));
   attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
-  if (MoELayer* m = moe_layer(layer))
+  if (MoELayer* m = moe_layer(layer))  // on this rank's sequence shard
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),
                           moe_mode(layer));
   ModuleScope scope("feed_forward");
-  return y + swiglu(z, w[k], w[k + 1], w[k + 2]);
+  return y + seq_reduce(swiglu(seq_gather(z), w[k], w[k + 1], w[k + 2]));
+}
+
+// MLA split by heads: the query projection (wq, or wq_b after the replicated wq_a and
+// q_norm) and the key/value up-projection wkv_b are column groups, wo a row group. The
+// shared down-projection wkv_a and kv_norm are replicated: every rank computes the same
+// latent from the whole sequence, and their gradients (each rank's heads' share) are summed
+// over the tp ranks, as the norms' are. Dense layers as llama3; MoE layers whole, on the
+// rank's sequence shard, as llama4's.
+void DeepSeekV3::declare_tp_plan() {
+  TpPlan plan;
+  plan.vocab = {tok_emb_, output_};
+  bool dense = false;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::vector<int64_t>& w = layers_[l].w;
+    size_t k = 0;
+    plan.replicate.push_back(w[k++]);  // attention_norm
+    if (args_.q_lora_rank == 0) {
+      plan.column.push_back(w[k++]);
+    } else {
+      plan.replicate.insert(plan.replicate.end(), {w[k], w[k + 1]});  // wq_a, q_norm
+      plan.column.push_back(w[k + 2]);
+      k += 3;
+    }
+    plan.replicate.insert(plan.replicate.end(), {w[k], w[k + 1]});  // wkv_a, kv_norm
+    plan.column.push_back(w[k + 2]);                                // wkv_b
+    plan.row.push_back(w[k + 3]);                                   // wo
+    plan.replicate.push_back(w[k + 4]);                             // ffn_norm
+    k += 5;
+    if (moe_[l]) {
+      plan.replicate.insert(plan.replicate.end(), w.begin() + static_cast<int64_t>(k), w.end());
+    } else {
+      plan.column.insert(plan.column.end(), {w[k], w[k + 2]});
+      plan.row.push_back(w[k + 1]);
+      dense = true;
+    }
+  }
+  plan.replicate.push_back(norm_);
+  plan.divisible = {{"n_heads", args_.n_heads}, {"vocab_size", args_.vocab_size}};
+  if (dense) plan.divisible.push_back({"inter_dim", args_.inter_dim});
+  set_tp_plan(std::move(plan));
 }
 
 Model::Head DeepSeekV3::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
-  at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
+  at::Tensor h = embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
   h = run_blocks(h);
   // torchtitan builds the final norm without an eps: RMSNorm then uses the machine epsilon
   // of the input's dtype (fp32 1.19e-7, bf16 7.8e-3).

@@ -63,6 +63,7 @@ class DeepSeekV3 : public MoETransformer {
     std::vector<int64_t> w;
   };
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
+  void declare_tp_plan();
 
   DeepSeekV3Args args_;
   ModelInfo info_;

@@ -63,10 +63,17 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
                          int64_t n_kv_heads, const RopeTables& rope) {
   ModuleScope scope("attention");
   const int64_t B = h.size(0), T = h.size(1);
-  const int64_t hd = wq.size(0) / n_heads;
-  at::Tensor q = project(h, wq).view({B, T, n_heads, hd});
-  at::Tensor k = project(h, wk).view({B, T, n_kv_heads, hd});
-  at::Tensor v = project(h, wv).view({B, T, n_kv_heads, hd});
+  // The head dim is the RoPE table's; the head counts are the weights' rows, so a tensor-
+  // parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.
+  const int64_t hd = 2 * rope.cos.size(1);
+  const int64_t heads = wq.size(0) / hd, kv_heads = wk.size(0) / hd;
+  TORCH_CHECK(heads * hd == wq.size(0) && n_heads % heads == 0 && kv_heads > 0 &&
+                  n_kv_heads % kv_heads == 0 && heads % kv_heads == 0,
+              "gqa_attention: wq ", wq.sizes(), " / wk ", wk.sizes(), " do not hold whole heads of ",
+              hd);
+  at::Tensor q = project(h, wq).view({B, T, heads, hd});
+  at::Tensor k = project(h, wk).view({B, T, kv_heads, hd});
+  at::Tensor v = project(h, wv).view({B, T, kv_heads, hd});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
   at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));

@@ -38,7 +38,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 // Grouped-query self-attention of Llama-3 and Llama-4 blocks, from the normed input h
 // (B, T, D) to the output projection's result (B, T, D): q/k/v projections, RoPE on q and k,
-// causal SDPA, wo. wq: (H * hd, D); wk, wv: (Hkv * hd, D); wo: (D, H * hd).
+// causal SDPA, wo. wq: (H * hd, D); wk, wv: (Hkv * hd, D); wo: (D, H * hd), hd the RoPE
+// table's head dim. Under tensor parallelism the weights hold a slice of whole heads (H/tp
+// and Hkv/tp) and the result is this rank's partial sum of wo's product.
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
                          int64_t n_kv_heads, const RopeTables& rope);

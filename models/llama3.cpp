@@ -52,9 +52,11 @@ std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs&
 
 at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
                                     int64_t n_heads, int64_t n_kv_heads, double norm_eps,
-                                    const RopeTables& rope) {
+                                    const RopeTables& rope, const Model* sp) {
   at::Tensor h = rms_norm(x, w[0], norm_eps);
-  return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
+  if (sp == nullptr) return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
+  return x + sp->seq_reduce(gqa_attention(sp->seq_gather(h), w[1], w[2], w[3], w[4], n_heads,
+                                          n_kv_heads, rope));
 }
 
 namespace {
@@ -121,6 +123,7 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
     add_block(idx,
               [this](const at::Tensor& x, const std::vector<at::Tensor>& w) { return block(x, w); });
 
+  declare_tp_plan(a, ffn);
   info_ = base_info("llama3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = info_.n_params - info_.n_params_embedding;
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
@@ -128,16 +131,36 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
 
 at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) const {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
-  at::Tensor y =
-      llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps, rope_);
+  // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
+  at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
+                                          rope_, this);
   ModuleScope scope("feed_forward");
-  return y + swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
+  return y + seq_reduce(swiglu(seq_gather(rms_norm(y, w[5], args_.norm_eps)), w[6], w[7], w[8]));
+}
+
+// Megatron's split: q/k/v and w1/w3 by output rows (whole heads, hidden units), wo and w2 by
+// input columns, the embedding and output by vocabulary rows, norms whole.
+void Llama3::declare_tp_plan(const Llama3Args& a, int64_t ffn) {
+  TpPlan plan;
+  plan.vocab.push_back(tok_emb_);
+  for (const LayerIdx& L : layers_) {
+    plan.replicate.insert(plan.replicate.end(), {L.attn_norm, L.ffn_norm});
+    plan.column.insert(plan.column.end(), {L.wq, L.wk, L.wv, L.w1, L.w3});
+    plan.row.insert(plan.row.end(), {L.wo, L.w2});
+  }
+  plan.replicate.push_back(norm_);
+  if (output_ >= 0) plan.vocab.push_back(output_);
+  plan.divisible = {{"n_heads", a.n_heads},
+                    {"n_kv_heads", a.n_kv_heads},
+                    {"the feed-forward hidden size", ffn},
+                    {"vocab_size", a.vocab_size}};
+  set_tp_plan(std::move(plan));
 }
 
 Model::Head Llama3::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   at::Tensor emb = weight(tok_emb_);
-  at::Tensor h = at::embedding(emb, tokens);  // (B, T, D)
+  at::Tensor h = embed(emb, tokens);  // (B, T, D), or this rank's (B, T/tp, D)
   h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return {h, output_ >= 0 ? weight(output_) : emb};

@@ -48,10 +48,11 @@ int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multip
 std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs& args,
                                             int64_t layer, int64_t ffn_hidden, at::Device device);
 // The first half of a Llama block, x + attention(rms_norm(x)) (B, T, D); w[0..4] are
-// attention_norm, wq, wk, wv, wo in compute form.
+// attention_norm, wq, wk, wv, wo in compute form. With `sp`, the attention input and output
+// cross the model's sequence-parallel boundaries (Model::seq_gather, seq_reduce).
 at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
                                     int64_t n_heads, int64_t n_kv_heads, double norm_eps,
-                                    const RopeTables& rope);
+                                    const RopeTables& rope, const Model* sp = nullptr);
 
 Llama3Args llama3_flavor(const std::string& flavor);  // throws UserError
 std::vector<std::string> llama3_flavor_names();
@@ -67,6 +68,7 @@ class Llama3 : public Model {
 
  private:
   at::Tensor block(const at::Tensor& x, const std::vector<at::Tensor>& w) const;
+  void declare_tp_plan(const Llama3Args& a, int64_t ffn);
 
   Llama3Args args_;
   ModelInfo info_;

@@ -105,6 +105,7 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
                 return block(l, x, w);
               });
 
+  declare_tp_plan(ffn);
   info_ = base_info("llama4", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
   info_.n_active_non_embedding = active_non_embedding_params();
   info_.attn_flops_dims = a.n_layers * a.n_heads * (hd + hd);
@@ -112,19 +113,49 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
 
 at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, then the FFN's or the MoE layer's weights
-  at::Tensor y =
-      llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps, rope_);
+  // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank). The
+  // MoE layer runs on this rank's sequence shard (its tokens are routed here).
+  at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
+                                          rope_, this);
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));
   ModuleScope scope("feed_forward");
-  return y + swiglu(z, w[6], w[7], w[8]);
+  return y + seq_reduce(swiglu(seq_gather(z), w[6], w[7], w[8]));
+}
+
+// As llama3's plan for attention, dense feed-forward layers and the vocabulary. The MoE
+// layers (router, routed and shared experts) stay whole on every tp rank and run on its
+// sequence shard, so their gradients, like the norms', are summed over the tp ranks.
+void Llama4::declare_tp_plan(int64_t ffn) {
+  TpPlan plan;
+  plan.vocab = {tok_emb_, output_};
+  bool dense = false;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::vector<int64_t>& w = layers_[l].w;
+    plan.replicate.insert(plan.replicate.end(), {w[0], w[5]});
+    plan.column.insert(plan.column.end(), {w[1], w[2], w[3]});
+    plan.row.push_back(w[4]);
+    if (moe_[l]) {
+      plan.replicate.insert(plan.replicate.end(), w.begin() + 6, w.end());
+    } else {
+      plan.column.insert(plan.column.end(), {w[6], w[8]});
+      plan.row.push_back(w[7]);
+      dense = true;
+    }
+  }
+  plan.replicate.push_back(norm_);
+  plan.divisible = {{"n_heads", args_.n_heads},
+                    {"n_kv_heads", args_.n_kv_heads},
+                    {"vocab_size", args_.vocab_size}};
+  if (dense) plan.divisible.push_back({"the feed-forward hidden size", ffn});
+  set_tp_plan(std::move(plan));
 }
 
 Model::Head Llama4::forward_head(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   begin_forward();
-  at::Tensor h = at::embedding(weight(tok_emb_), tokens);  // (B, T, D)
+  at::Tensor h = embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
   h = run_blocks(h);
   h = rms_norm(h, weight(norm_), args_.norm_eps);
   return {h, weight(output_)};

@@ -38,6 +38,7 @@ class Llama4 : public MoETransformer {
 
  private:
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);
+  void declare_tp_plan(int64_t ffn);
 
   Llama4Args args_;
   ModelInfo info_;

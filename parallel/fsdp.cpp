@@ -473,7 +473,7 @@ int64_t local_state_bytes(const Model& model, AdamW& opt) {
 
 int64_t full_state_bytes(const Model& model) {
   int64_t n = 0;
-  for (auto& p : model.params().all()) n += numel_of(p.full_shape());
+  for (auto& p : model.params().all()) n += numel_of(p.model_shape());
   return 3 * 4 * n;
 }
 

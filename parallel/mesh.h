@@ -2,8 +2,11 @@
 // from dp_shard (torchtitan's dp2ep): dp_shard = efsdp x ep, where experts are split over
 // the ep ranks and sharded (FSDP) over the efsdp ranks (docs/distributed.md).
 //
-// Global rank = (replicate_index * dp_shard) + shard_index, and
-// shard_index = efsdp_index * ep + ep_index, so an ep group is a run of adjacent ranks.
+// Tensor parallelism is the innermost dimension, as torchtitan orders its mesh
+// [dp_replicate, dp_shard, tp]: global rank = dp_rank * tp + tp_index, with
+// dp_rank = (replicate_index * dp_shard) + shard_index and
+// shard_index = efsdp_index * ep + ep_index, so a tp group is a run of adjacent ranks (one
+// node's GPUs) and an ep group a run of adjacent dp ranks.
 #pragma once
 
 #include <cstdint>
@@ -16,17 +19,22 @@
 namespace titan {
 
 struct Mesh {
-  int64_t replicate = 1, shard = 1, ep = 1;
-  int64_t replicate_index = 0, shard_index = 0, ep_index = 0, efsdp_index = 0;
+  int64_t replicate = 1, shard = 1, ep = 1, tp = 1;
+  int64_t replicate_index = 0, shard_index = 0, ep_index = 0, efsdp_index = 0, tp_index = 0;
   int64_t efsdp() const { return shard / ep; }
+  // This rank's place among the data-parallel ranks (its data shard), and their number.
+  int64_t dp_rank() const { return replicate_index * shard + shard_index; }
+  int64_t dp_degree() const { return replicate * shard; }
 
   // The groups this rank belongs to. A group spanning the whole world is the world itself,
   // and one of a single rank runs locally, so no communicator is created twice.
+  // Every group but the world and tp_group holds ranks of one tp index.
   ProcessGroup* world = nullptr;            // every rank
   ProcessGroup* shard_group = nullptr;      // same replicate index
   ProcessGroup* replicate_group = nullptr;  // same shard index
   ProcessGroup* ep_group = nullptr;         // same replicate and efsdp index (ep > 1 only)
   ProcessGroup* efsdp_group = nullptr;      // same replicate and ep index (ep > 1 only)
+  ProcessGroup* tp_group = nullptr;         // same dp rank (tp > 1 only)
 
   // Switches the world and every sub-group from the init timeout to the train timeout.
   void start_training();
@@ -38,6 +46,7 @@ struct Mesh {
 
 // Creates the sub-groups this rank belongs to. The degrees were validated against the world
 // size by validate_for_world.
-std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep);
+std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep,
+                                 int64_t tp = 1);
 
 }  // namespace titan

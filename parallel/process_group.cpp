@@ -15,6 +15,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -71,6 +73,19 @@ CudaWaits& cuda_waits() {
   return w;
 }
 #endif
+
+// ProcessGroup::comm_counts, and the reduce-scatter on gloo that runs as an all-reduce (it
+// is counted once, as a reduce-scatter).
+std::mutex g_count_mu;
+std::map<std::string, ProcessGroup::CommCount> g_counts;
+thread_local bool g_in_reduce_scatter = false;
+
+void count_comm(const char* kind, const at::Tensor& t) {
+  std::lock_guard<std::mutex> lk(g_count_mu);
+  auto& c = g_counts[kind];
+  ++c.calls;
+  c.bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+}
 
 // Adds the time of its scope to the wait total (see above), when counting.
 class WaitTimer {
@@ -262,6 +277,7 @@ void ProcessGroup::start_training() {
 void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
   TITAN_COLLECTIVE_SCOPE("all-reduce", t);
   if (!impl_->backend) return;
+  count_comm("all-reduce", t);
   WaitTimer timer(impl_->cuda);
   try {
     std::vector<at::Tensor> v{t};
@@ -277,6 +293,7 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
   TITAN_COLLECTIVE_SCOPE("broadcast", t);
   if (!impl_->backend) return;
+  count_comm("broadcast", t);
   WaitTimer timer(impl_->cuda);
   try {
     std::vector<at::Tensor> v{t};
@@ -323,6 +340,11 @@ double ProcessGroup::take_comm_wait_ms() {
   return ms;
 }
 
+std::map<std::string, ProcessGroup::CommCount> ProcessGroup::comm_counts() {
+  std::lock_guard<std::mutex> lk(g_count_mu);
+  return g_counts;
+}
+
 CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
                                  const std::string& what, std::function<void()> then) {
   const int64_t rank = impl_->global_rank;
@@ -355,6 +377,7 @@ CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
     out.view(in.sizes()).copy_(in);
     return {};
   }
+  count_comm("all-gather", out);
   try {
     at::Tensor dst = out.view({-1}), src = in.view({-1});
     c10::intrusive_ptr<c10d::Work> work;
@@ -377,6 +400,7 @@ CommWork ProcessGroup::all_gather_start(at::Tensor& out, const at::Tensor& in) {
 CommWork ProcessGroup::allreduce_start(at::Tensor& t, ReduceOp op) {
   TITAN_COLLECTIVE_SCOPE("all-reduce", t);
   if (!impl_->backend) return {};
+  if (!g_in_reduce_scatter) count_comm("all-reduce", t);
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
@@ -400,11 +424,14 @@ CommWork ProcessGroup::reduce_scatter_start(at::Tensor& out, at::Tensor& in) {
     out.copy_(in.view(out.sizes()));
     return {};
   }
+  count_comm("reduce-scatter", in);
   if (!impl_->cuda) {
     // gloo's reduce-scatter is an all-reduce plus a copy whose inner wait ignores timeouts
     // (a hung peer would hang us); the same all-reduce through our bounded path.
     at::Tensor flat = in.view({-1});
+    g_in_reduce_scatter = true;
     CommWork w = allreduce_start(flat, ReduceOp::Sum);
+    g_in_reduce_scatter = false;
     auto then = [out, flat, r = rank_]() mutable {
       out.view({-1}).copy_(flat.narrow(0, r * out.numel(), out.numel()));
     };
@@ -443,6 +470,7 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
     out.copy_(in);
     return;
   }
+  count_comm("all-to-all", in);
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;

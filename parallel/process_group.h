@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,14 @@ class ProcessGroup {
   // trainer calls it on log steps, after the loss read. The trainer counts its train steps.
   static void count_comm_waits(bool on);
   static double take_comm_wait_ms();
+  // Collectives this process ran over a real backend (one-rank groups are not counted),
+  // by kind ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"),
+  // since the start: calls, and bytes of each collective's whole buffer (the all-gather's
+  // output, the reduce-scatter's input, the all-reduce's tensor).
+  struct CommCount {
+    int64_t calls = 0, bytes = 0;
+  };
+  static std::map<std::string, CommCount> comm_counts();
   // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,

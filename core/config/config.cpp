@@ -364,7 +364,8 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   DerivedConfig d;
   const auto& p = cfg.parallelism;
   d.dp_shard = p.data_parallel_shard_degree == -1
-                   ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree)
+                   ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree *
+                                                           p.tensor_parallel_degree)
                    : p.data_parallel_shard_degree;
   d.dp_degree = p.data_parallel_replicate_degree * d.dp_shard;
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
@@ -373,6 +374,25 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   d.grad_accum_steps = per_micro > 0 ? d.global_batch / per_micro : 1;
   d.tokens_per_step = d.global_batch * cfg.training.seq_len;
   return d;
+}
+
+// Tensor parallelism splits each sequence over the tp ranks (sequence parallel), and the
+// experts are either whole (etp 1) or split like everything else (etp = tp, torchtitan 0.2.2).
+static void validate_tensor_parallel(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  const int64_t tp = p.tensor_parallel_degree;
+  if (p.expert_tensor_parallel_degree != 1 && p.expert_tensor_parallel_degree != tp)
+    throw UserError("parallelism.expert_tensor_parallel_degree = " +
+                    std::to_string(p.expert_tensor_parallel_degree) +
+                    " is not allowed; allowed: 1 or tensor_parallel_degree (" +
+                    std::to_string(tp) + ")");
+  for (auto [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", cfg.training.seq_len},
+                          {"validation.seq_len", cfg.validation.seq_len}})
+    if (tp > 1 && len % tp != 0)
+      throw UserError(std::string(key) + " = " + std::to_string(len) +
+                      " does not split over parallelism.tensor_parallel_degree = " +
+                      std::to_string(tp) + " (sequence parallel); allowed: a multiple of " +
+                      std::to_string(tp));
 }
 
 void validate_config(const JobConfig& cfg) {
@@ -387,6 +407,7 @@ void validate_config(const JobConfig& cfg) {
         " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
         " (experts borrow ranks from data_parallel_shard_degree)");
   const auto& t = cfg.training;
+  validate_tensor_parallel(cfg);
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
                     " is not a multiple of local_batch_size (" +
@@ -418,20 +439,26 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   validate_config(cfg);
   const auto& p = cfg.parallelism;
   const std::string world = std::to_string(world_size);
-  if (p.data_parallel_shard_degree == -1 && world_size % p.data_parallel_replicate_degree != 0)
+  if (p.data_parallel_shard_degree == -1 &&
+      world_size % (p.data_parallel_replicate_degree * p.tensor_parallel_degree) != 0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
+                    (p.tensor_parallel_degree > 1
+                         ? " x tensor_parallel_degree = " + std::to_string(p.tensor_parallel_degree)
+                         : std::string()) +
                     " does not divide the world size " + world);
   if (cfg.checkpoint.create_seed_checkpoint && world_size != 1)
     throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
                     "; allowed: a single process (as torchtitan, the seed is written unsharded)");
   DerivedConfig d = derive_config(cfg, world_size);
-  if (d.dp_degree != world_size)
+  const int64_t tp = p.tensor_parallel_degree;
+  if (d.dp_degree * tp != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
-                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) +
-                    ") = " + std::to_string(d.dp_degree) + ", but the world size is " + world +
-                    "; allowed: a product equal to the world size");
+                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +
+                    (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") +
+                    " = " + std::to_string(d.dp_degree * tp) + ", but the world size is " +
+                    world + "; allowed: a product equal to the world size");
   if (d.dp_shard % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +

@@ -76,6 +76,7 @@ struct ParallelismSection {
   int64_t pipeline_parallel_degree = 1;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
+  int64_t expert_tensor_parallel_degree = 1;
 };
 
 struct CheckpointSection {
@@ -235,7 +236,7 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size);
 
 // Derived quantities that the startup table reports.
 struct DerivedConfig {
-  int64_t dp_degree = 1;         // data-parallel ranks (replicate x shard)
+  int64_t dp_degree = 1;         // data-parallel ranks (replicate x shard); world = dp x tp
   int64_t dp_shard = 1;          // resolved data_parallel_shard_degree
   int64_t global_batch = 0;      // sequences per optimizer step
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step on each rank

@@ -212,8 +212,11 @@ void parallelism_options(std::vector<Option>& out) {
   s.add("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward, "default",
         "Free gathered parameters after forward: default (yes), always, never")
       .choices({"default", "always", "never"});
-  s.later("tensor_parallel_degree", int64_t{1}, "tensor parallelism",
-          "Tensor parallelism degree: not supported yet");
+  s.add("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree, 1,
+        "Tensor (and sequence) parallel degree: the innermost mesh dimension, inside a node")
+      .range(1.0, kNoMax);
+  s.later("enable_async_tensor_parallel", false, "async tensor parallelism",
+          "Async tensor parallelism (overlapped collective matmuls): not supported yet");
   s.later("pipeline_parallel_degree", int64_t{1}, "pipeline parallelism",
           "Pipeline parallelism degree: not supported yet");
   s.later("context_parallel_degree", int64_t{1}, "context parallelism",
@@ -221,8 +224,9 @@ void parallelism_options(std::vector<Option>& out) {
   s.add("expert_parallel_degree", &ParallelismSection::expert_parallel_degree, 1,
         "Expert-parallel degree, borrowed from the shard dimension (dp2ep)")
       .range(1.0, kNoMax);
-  s.later("expert_tensor_parallel_degree", int64_t{1}, "expert tensor parallelism",
-          "Tensor parallelism inside the experts: not supported yet");
+  s.add("expert_tensor_parallel_degree", &ParallelismSection::expert_tensor_parallel_degree, 1,
+        "Tensor parallelism inside the routed experts: 1, or equal to tensor_parallel_degree")
+      .range(1.0, kNoMax);
 }
 
 void checkpoint_options(std::vector<Option>& out) {
@@ -433,7 +437,6 @@ const std::vector<std::string> kIgnored = {
     "training.dataloader.*",
     "parallelism.enable_compiled_autograd",
     "parallelism.disable_loss_parallel",
-    "parallelism.enable_async_tensor_parallel",
     "parallelism.pipeline_parallel_split_points",
     "parallelism.module_fqns_per_model_part",
     "parallelism.pipeline_parallel_first_stage_less_layers",

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace titan {
 
@@ -38,8 +39,20 @@ enum class LossBackward {
 // table: its gradient adds to the lookup's through autograd); labels: int64, h's leading shape.
 // chunk_tokens <= 0 picks default_loss_chunk_tokens(V). Per chunk, dh takes one GEMM and dW
 // one GEMM accumulated in fp32; dW comes back in W's dtype.
+//
+// With `shard` (vocabulary parallelism), W holds rows [shard->offset, + W.size(0)) of the
+// output projection and labels are global token ids: each rank forms only its own slice of
+// each chunk's logits, the per-token log-sum-exp and target logit are combined over the
+// ranks with shard->allreduce (three all-reduces of N floats per call), and every rank
+// returns the same full loss. The backward recomputes the local logits (kRecompute whatever
+// `mode` says); dh is this rank's partial sum over its vocabulary slice.
+struct VocabShard {
+  int64_t offset = 0;
+  std::function<void(at::Tensor&, bool max)> allreduce;  // in place: sum, or max
+};
 at::Tensor fused_linear_cross_entropy(const at::Tensor& h, const at::Tensor& W,
                                       const at::Tensor& labels, int64_t chunk_tokens = 0,
-                                      LossBackward mode = LossBackward::kInForward);
+                                      LossBackward mode = LossBackward::kInForward,
+                                      const VocabShard* shard = nullptr);
 
 }  // namespace titan

@@ -39,12 +39,15 @@ int64_t ParamStore::add(const std::string& name, std::vector<int64_t> shape, at:
 void ParamStore::assign(int64_t i, const at::Tensor& full) {
   at::NoGradGuard ng;
   Param& p = params_[static_cast<size_t>(i)];
-  TORCH_CHECK(full.sizes().vec() == p.full_shape(), "assign: ", p.name, " has another shape");
+  TORCH_CHECK(full.sizes().vec() == p.model_shape(), "assign: ", p.name, " has another shape");
   TORCH_CHECK(!p.value.is_meta(), "assign: ", p.name, " is not materialized");
+  // This tp rank's slice first, then this FSDP rank's rows of it.
+  const at::Tensor mine =
+      p.tp_dim < 0 ? full : full.narrow(p.tp_dim, p.tp_offset, p.full_shape()[p.tp_dim]);
   if (!p.sharded()) {
-    p.value.copy_(full);
+    p.value.copy_(mine);
   } else if (p.dim0_rows > 0) {
-    p.value.narrow(0, 0, p.dim0_rows).copy_(full.narrow(0, p.dim0_offset, p.dim0_rows));
+    p.value.narrow(0, 0, p.dim0_rows).copy_(mine.narrow(0, p.dim0_offset, p.dim0_rows));
   }
 }
 
@@ -63,18 +66,38 @@ void ParamStore::initialize(uint64_t seed) {
       continue;
     }
     at::Tensor dst = p.valid(p.value);
-    const std::vector<int64_t> full = p.full_shape();
+    const std::vector<int64_t> full = p.model_shape();
     const int64_t row_numel =
         full.size() <= 1 ? 1 : c10::multiply_integers(full.begin() + 1, full.end());
-    const int64_t first = (p.sharded() ? p.dim0_offset : 0) * row_numel;
+    const int64_t row0 = (p.sharded() ? p.dim0_offset : 0) + (p.tp_dim == 0 ? p.tp_offset : 0);
     at::Tensor cpu = at::empty(dst.sizes(), at::kFloat);
     const uint64_t key = param_stream_key(seed, p.name);
-    if (s.kind == InitSpec::Kind::Normal)
-      counter_normal_(cpu, key, first, s.std);
-    else
-      counter_trunc_normal_(cpu, key, first, s.std, s.lo, s.hi);
+    auto draw = [&](at::Tensor& out, int64_t first) {
+      if (s.kind == InitSpec::Kind::Normal)
+        counter_normal_(out, key, first, s.std);
+      else
+        counter_trunc_normal_(out, key, first, s.std, s.lo, s.hi);
+    };
+    if (p.tp_dim == 1) {
+      // A column slice of each row: the row's stream from the slice's first column.
+      TORCH_CHECK(cpu.dim() == 2, p.name, ": tensor-parallel dim 1 needs a matrix");
+      for (int64_t r = 0; r < cpu.size(0); ++r) {
+        at::Tensor row = at::empty({cpu.size(1)}, at::kFloat);
+        draw(row, (row0 + r) * row_numel + p.tp_offset);
+        cpu[r].copy_(row);
+      }
+    } else {
+      draw(cpu, row0 * row_numel);
+    }
     dst.copy_(cpu);
   }
+}
+
+void ParamStore::materialize() {
+  at::NoGradGuard ng;
+  for (Param& p : params_)
+    if (p.value.is_meta())
+      p.value = at::zeros(p.value.sizes(), p.value.options().device(p.device)).requires_grad_(true);
 }
 
 int64_t ParamStore::index_of(const std::string& name) const {
@@ -135,14 +158,46 @@ at::Tensor Model::weight(int64_t i) const {
 
 at::Tensor Model::forward(const at::Tensor& tokens) {
   Head o = forward_head(tokens);
+  if (tp_) return tp_->gather_last(at::linear(seq_gather(o.h), o.w));  // vocab slices joined
   return at::linear(o.h, o.w);  // (B, T, V)
 }
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
   Head o = forward_head(tokens);
   ModuleScope scope("output");
+  if (tp_) {
+    // The whole sequence against this rank's vocabulary rows; the loss combines the ranks'
+    // log-sum-exps, so no rank forms the full logits.
+    TensorParallelComm* tp = tp_.get();
+    VocabShard shard;
+    shard.offset = tp->rank() * o.w.size(0);
+    shard.allreduce = [tp](at::Tensor& t, bool max) { tp->allreduce(t, max); };
+    return fused_linear_cross_entropy(seq_gather(o.h), o.w, labels, 0,
+                                      LossBackward::kRecompute, &shard);
+  }
   if (!fused_loss_) return titan::token_loss_sum(at::linear(o.h, o.w), labels);
   return fused_linear_cross_entropy(o.h, o.w, labels);
+}
+
+at::Tensor Model::embed(const at::Tensor& table, const at::Tensor& tokens) const {
+  if (!tp_) return at::embedding(table, tokens);
+  // Rows [offset, offset + V/tp) of the table live here: the other tokens look up zeros,
+  // and the sum over the ranks (reduce-scattered along the sequence) is the full lookup.
+  const int64_t rows = table.size(0), offset = tp_->rank() * rows;
+  at::Tensor local = tokens - offset;
+  at::Tensor outside = local.lt(0).logical_or_(local.ge(rows));
+  at::Tensor h = at::embedding(table, local.masked_fill(outside, 0));
+  return seq_reduce(h.masked_fill(outside.unsqueeze(-1), 0));
+}
+
+const char* tp_style_name(TpStyle s) {
+  switch (s) {
+    case TpStyle::Column: return "column";
+    case TpStyle::Row: return "row";
+    case TpStyle::Vocab: return "vocab";
+    case TpStyle::Replicate: return "replicate";
+  }
+  return "?";
 }
 
 void Model::add_block(std::vector<int64_t> params, BlockFn fn) {

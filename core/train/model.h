@@ -22,6 +22,7 @@
 
 #include "core/train/expert_exchange.h"
 #include "core/train/recompute.h"
+#include "core/train/tensor_parallel.h"
 
 namespace titan {
 
@@ -56,11 +57,20 @@ struct Param {
   std::vector<int64_t> global_shape;
   int64_t dim0_offset = 0;
   int64_t dim0_rows = -1;
+  // Tensor parallelism (parallel/tensor_parallel.h), applied before FSDP: the parameter is
+  // this tp rank's slice [tp_offset, + its size) along tp_dim of a tensor of tp_shape, and
+  // everything above (FSDP's global_shape, full_shape()) speaks of that slice. tp_dim -1:
+  // not split.
+  int64_t tp_dim = -1;
+  int64_t tp_offset = 0;
+  std::vector<int64_t> tp_shape;
   bool sharded() const { return !global_shape.empty(); }
   bool expert() const { return kind == ParamKind::Expert; }
   // The rows of value that hold real data (all of it when unsharded).
   at::Tensor valid(const at::Tensor& t) const { return sharded() ? t.narrow(0, 0, dim0_rows) : t; }
   std::vector<int64_t> full_shape() const { return sharded() ? global_shape : value.sizes().vec(); }
+  // The whole model tensor's shape, before tensor and data parallelism cut it.
+  std::vector<int64_t> model_shape() const { return tp_dim >= 0 ? tp_shape : full_shape(); }
 };
 
 // While alive on this thread, ParamStore::add leaves parameters unallocated (meta tensors,
@@ -87,12 +97,14 @@ class ParamStore {
   const Param& operator[](int64_t i) const { return params_[static_cast<size_t>(i)]; }
   int64_t size() const { return static_cast<int64_t>(params_.size()); }
   int64_t index_of(const std::string& name) const;  // -1 when absent
-  // Writes a whole-tensor value (full shape) into parameter i: all of it, or only this
-  // rank's rows when the parameter is sharded.
+  // Writes a whole-tensor value (model_shape()) into parameter i: all of it, or only this
+  // rank's slice when the parameter is split (tensor parallel) or sharded (FSDP).
   void assign(int64_t i, const at::Tensor& full);
   // Draws this rank's rows of every parameter from its InitSpec on the stream keyed by (seed,
   // name) (core/base/counter_rng.h): bit-identical values for every device, rank and layout.
   void initialize(uint64_t seed);
+  // Allocates every still-deferred (meta) parameter, zero-filled, on its device.
+  void materialize();
   int64_t numel() const;
   std::vector<at::Tensor> tensors() const;
 
@@ -199,6 +211,20 @@ class Model {
   // Sums a tensor over the data-parallel ranks in place (MoE token counts). Default: one rank.
   void set_dp_allreduce(std::function<void(at::Tensor&)> fn) { dp_allreduce_ = std::move(fn); }
 
+  // The tensor-parallel plan the model declares (core/train/tensor_parallel.h); an
+  // undeclared plan (declared() false) means the model does not support tensor parallelism.
+  const TpPlan& tp_plan() const { return tp_plan_; }
+  void set_tp_plan(TpPlan p) { tp_plan_ = std::move(p); }
+  // Installed by parallel/ after it cut the parameters by the plan; null: one tp rank.
+  void set_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) { tp_ = std::move(tp); }
+  TensorParallelComm* tensor_parallel() const { return tp_.get(); }
+  // Sequence-parallel boundaries, identities without tensor parallelism. seq_gather: before
+  // a column-parallel input, the sequence shards (B, T/tp, D) become the whole (B, T, D).
+  // seq_reduce: after a row-parallel output, the partial sums (B, T, D) become this rank's
+  // sequence shard of their sum.
+  at::Tensor seq_gather(const at::Tensor& x) const { return tp_ ? tp_->gather_seq(x) : x; }
+  at::Tensor seq_reduce(const at::Tensor& x) const { return tp_ ? tp_->reduce_scatter_seq(x) : x; }
+
  protected:
   // What forward computes before the output projection: the final normed hidden state
   // h (B, T, D) and the output weight W (V, D) (the embedding table when tied), both in
@@ -210,6 +236,9 @@ class Model {
   // Zeroes the training-state buffers (MoE expert biases and counts).
   virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
+  // The token embedding lookup; under tensor parallelism the table holds this rank's
+  // vocabulary rows and the result is this rank's sequence shard of the summed lookups.
+  at::Tensor embed(const at::Tensor& table, const at::Tensor& tokens) const;
   bool recompute_block(int64_t i) const { return op_policy_ || (recompute_ && recompute_(i)); }
   at::Tensor block_done(int64_t i, const at::Tensor& out) const {
     return block_done_ ? block_done_(i, out) : out;
@@ -233,6 +262,8 @@ class Model {
   std::function<void(at::Tensor&)> dp_allreduce_;
   std::function<at::Tensor(int64_t, const at::Tensor&)> block_done_;
   bool fused_loss_ = true;
+  TpPlan tp_plan_;
+  std::shared_ptr<TensorParallelComm> tp_;
   // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
   struct CachedCast {
     at::Tensor cast, master;  // master: the parameter tensor it was cast from

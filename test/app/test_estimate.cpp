@@ -57,6 +57,44 @@ TEST_CASE("estimate: llama3 405B on 1024 ranks without allocating it", "[app][es
   CHECK_THAT(r.out, Catch::Matchers::Contains("MFU"));
 }
 
+TEST_CASE("estimate: tensor parallelism divides the parameters and counts its collectives",
+          "[app][estimate][tp]") {
+  // torchtitan's llama3_70b.toml (TP 8, FSDP over the rest) on 64 GPUs: each rank holds
+  // 1/64 of the 70.6e9 fp32 parameters (the norms, whole on every tp rank, are 0.001%).
+  auto r = estimate("--config test/core/config/torchtitan_v022/llama3_70b.toml --world 64 "
+                    "--gpu h100");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
+  const double p = gib_of(r.out, R"(parameters \(fp32, tp slices, FSDP shards\))");
+  CHECK(p == Approx(4.0 * 70.55e9 / 64 / (1024.0 * 1024 * 1024)).epsilon(0.02));
+  // 80 blocks x 12 collectives (full AC recomputes the forward's 4) + 4, of 8 x 8192 tokens
+  // x 8192 dims x 2 bytes (bf16) each.
+  CHECK_THAT(r.out, Catch::Matchers::Contains("tensor parallel per step: 964 sequence-parallel "
+                                              "collectives of 1.074e+09 bytes"));
+  // torchtitan's llama4_17bx16e.toml on 64 GPUs: per-rank memory printed.
+  auto l4 = estimate("--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
+                     "--gpu h100");
+  INFO(l4.out);
+  REQUIRE(l4.rc == 0);
+  CHECK_THAT(l4.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
+  CHECK(gib_of(l4.out, "total") > 0);
+  // Training's overrides work here too, and TP 2 holds half of what 1 rank does.
+  auto one = estimate("--config configs/llama3_debug.toml --world 1");
+  auto two = estimate("--config configs/llama3_debug.toml --world 2 "
+                      "--parallelism.tensor_parallel_degree 2");
+  INFO(two.out);
+  REQUIRE(two.rc == 0);
+  const double p1 = gib_of(one.out, R"(parameters \(fp32 shards\))");
+  const double p2 = gib_of(two.out, R"(parameters \(fp32, tp slices, FSDP shards\))");
+  CHECK(p2 >= 0.5 * p1 * 0.999);
+  CHECK(p2 <= 0.5 * p1 * 1.01);
+  auto big = estimate("--config configs/llama3_8b.toml --world 1024 --model.flavor 405B");
+  INFO(big.out);
+  CHECK(big.rc == 0);
+  CHECK_THAT(big.out, Catch::Matchers::Contains("llama3 405B on 1024 ranks"));
+}
+
 TEST_CASE("estimate: an unknown GPU exits 2", "[app][estimate]") {
   auto r = estimate("--config configs/llama3_debug.toml --gpu v100");
   CHECK(r.rc == 2);

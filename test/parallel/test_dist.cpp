@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <chrono>
@@ -816,6 +817,192 @@ TEST_CASE("FSDP 2 from a Hugging Face folder of another model exits 2 naming the
     }
   }
 }
+
+TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3, llama4, deepseek_v3",
+          "[dist][app][tp]") {
+  // The same global batch of 4 sequences: TP 2 is one dp rank (both tp ranks read the same
+  // windows), FSDP 2 x TP 2 two dp ranks of 2 sequences. Sequence parallel on the norms,
+  // heads split, the vocabulary-parallel loss: the logged losses and gradient norms must be
+  // those of one process to 1e-5 (fp32 sums in another order).
+  struct Layout {
+    const char* name;
+    int nproc;
+    std::string flags;
+    double memory;  // parameters + AdamW state per rank, as a fraction of the whole
+    const char* describes;
+  };
+  const std::vector<Layout> layouts = {
+      {"tp2", 2, "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2", 0.5,
+       "dp_replicate 1 x dp_shard 1 x tp 2"},
+      {"fsdp2xtp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2",
+       0.25, "FSDP, dp_replicate 1 x dp_shard 2 x tp 2"},
+  };
+  // llama4 and deepseek_v3: attention (GQA, MLA) and the dense layers split, the MoE layers
+  // whole on sequence shards.
+  for (const char* model : {"llama3", "llama4", "deepseek_v3"}) {
+   DYNAMIC_SECTION(model) {
+    const std::string common =
+        kSmall + "--training.steps 4 --debug.seed 3 --model.name " + model + " ";
+    test::TempDir one("tp_ref");
+    auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
+                           one.path.string());
+    INFO(r1.out);
+    REQUIRE(r1.rc == 0);
+    auto ref = read_metrics(one.file("metrics.jsonl"));
+    REQUIRE(ref.size() == 4);
+    for (const Layout& l : layouts) {
+     DYNAMIC_SECTION(l.name) {
+      test::TempDir dir(l.name);
+      auto r =
+          torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains(l.describes));
+      CHECK_THAT(r.out, Contains("tp 2 (sequence parallel)"));
+      const double mem = memory_ratio(r.out);
+      if (std::string(model) == "llama3") {  // MoE layers are whole on each tp rank
+        CHECK(mem >= l.memory * 0.999);
+        CHECK(mem <= l.memory * 1.05);  // the norms are whole on every tp rank
+      }
+      auto m = read_metrics(dir.file("metrics.jsonl"));
+      REQUIRE(m.size() == 4);
+      const auto [worst_loss, worst_norm] = worst_rel(ref, m);
+      WARN(model << " " << l.name << " vs 1 rank, max relative difference over 4 steps: loss "
+                  << worst_loss << ", grad norm " << worst_norm << "; memory per rank " << mem);
+      CHECK(worst_loss < 1e-5);
+      CHECK(worst_norm < 1e-5);
+     }
+    }
+   }
+  }
+}
+
+TEST_CASE("a tensor-parallel degree the plan cannot split exits 2 at start naming the parameter",
+          "[dist][app][tp]") {
+  // 3 ranks: tp 3 does not divide the debug model's 256 query rows.
+  auto r = torchrun_train(3, kSmall + "--training.steps 1 --training.seq_len 63 "
+                                      "--parallelism.tensor_parallel_degree 3");
+  INFO(r.out);
+  CHECK(r.rc != 0);  // torchrun reports a failed worker as 1; the worker's own status is 2
+  CHECK_THAT(r.out, Contains("parallelism.tensor_parallel_degree = 3: "
+                             "layers.0.attention.wq.weight [256, 256] is column-parallel"));
+  auto b = torchrun_train(2, kSmall + "--training.steps 1 --parallelism.tensor_parallel_degree 2 "
+                                      "--training.seq_len 63");
+  INFO(b.out);
+  CHECK(b.rc != 0);
+  CHECK_THAT(b.out, Contains("training.seq_len = 63 does not split over"));
+}
+
+namespace {
+
+// The "=> collectives per step on this rank: ..." line of a run's log.
+std::string comm_line(const std::string& out) {
+  const auto at = out.find("=> collectives per step on this rank:");
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// Global tokens/s: rank 0's logged tps (its dp rank's tokens) x the dp degree, median of
+// steps 2.. (step 1 includes warm-up).
+double global_tps(const std::string& metrics, int dp) {
+  std::vector<double> v;
+  for (auto& [step, j] : test::training_metrics(metrics))
+    if (step >= 2) v.push_back(j["tps"].get<double>());
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2] * dp;
+}
+
+}  // namespace
+
+TEST_CASE("bench: bytes per collective and tokens/s of TP 2 against FSDP 2 on the debugmodel",
+          "[.tpbench]") {
+  // Same global batch (4 x 256 tokens), same steps, one after the other on this machine.
+  const std::string common = "--config configs/llama3_debug.toml --training.seq_len 256 "
+                             "--metrics.log_freq 1 --validation.enable false "
+                             "--metrics.enable_tensorboard false --training.steps 12 ";
+  struct Run {
+    const char* name;
+    int nproc, dp;
+    std::string flags;
+    double tps = 0;
+    std::string comm;
+  };
+  std::vector<Run> runs = {
+      {"FSDP 2", 2, 2, "--training.local_batch_size 2"},
+      {"TP 2", 2, 1, "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2"},
+  };
+  for (Run& r : runs) {
+    test::TempDir dir("tpbench");
+    auto out = torchrun_train(r.nproc, common + r.flags + " --job.dump_folder " + dir.path.string());
+    INFO(out.out);
+    REQUIRE(out.rc == 0);
+    r.tps = global_tps(dir.file("metrics.jsonl"), r.dp);
+    r.comm = comm_line(out.out);
+  }
+  for (const Run& r : runs)
+    WARN(r.name << ": " << r.tps << " tokens/s (all ranks), " << r.comm);
+  WARN("TP 2 / FSDP 2 tokens/s: " << runs[1].tps / runs[0].tps);
+}
+
+TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 4's back",
+          "[dist][app][tp][checkpoint]") {
+  // A: TP 2 x FSDP 2 saves steps 2, 4, 6. The files hold whole tensors' rows (dim-0 slices at
+  // their global rows, dim-1 slices gathered over tp), so C (1 rank) and D (FSDP 4) resume
+  // A's step 2 and reproduce steps 3..4; E (TP 2 x FSDP 2) resumes D's step-4 save and
+  // reproduces A's steps 5..6. Same global batch of 4 everywhere; tolerance 1e-5.
+  test::TempDir a("tpckA"), c("tpckC"), d("tpckD"), e("tpckE");
+  const std::string common = kSmall +
+                             "--checkpoint.enable true --checkpoint.interval 2 "
+                             "--checkpoint.keep_latest_k 0 --debug.seed 3 ";
+  const std::string tp22 =
+      "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 ";
+  auto ra = torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " +
+                                  a.path.string());
+  INFO(ra.out);
+  REQUIRE(ra.rc == 0);
+  auto meta = nlohmann::json::parse(test::read_file(a.file("checkpoint/step-2/metadata.json")));
+  CHECK(meta["tensors"]["model/layers.0.attention.wo.weight"]["shape"] ==
+        nlohmann::json::array({256, 256}));
+  CHECK(meta["tensors"]["model/tok_embeddings.weight"]["shards"].size() == 4);  // 2 tp x 2 dp
+  for (auto* t : {&c, &d}) {
+    fs::create_directories(t->file("checkpoint"));
+    fs::copy(a.file("checkpoint/step-2"), t->file("checkpoint/step-2"),
+             fs::copy_options::recursive);
+  }
+  auto rc = single_train(common + "--training.local_batch_size 4 --training.steps 4 "
+                                  "--job.dump_folder " + c.path.string());
+  INFO(rc.out);
+  REQUIRE(rc.rc == 0);
+  auto rd = torchrun_train(4, common + "--training.local_batch_size 1 --training.steps 4 "
+                                       "--job.dump_folder " + d.path.string());
+  INFO(rd.out);
+  REQUIRE(rd.rc == 0);
+  fs::create_directories(e.file("checkpoint"));
+  fs::copy(d.file("checkpoint/step-4"), e.file("checkpoint/step-4"), fs::copy_options::recursive);
+  auto re = torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " +
+                                  e.path.string());
+  INFO(re.out);
+  REQUIRE(re.rc == 0);
+  auto ma = read_metrics(a.file("metrics.jsonl"));
+  auto mc = read_metrics(c.file("metrics.jsonl"));
+  auto md = read_metrics(d.file("metrics.jsonl"));
+  auto me = read_metrics(e.file("metrics.jsonl"));
+  double worst = 0;
+  auto cmp = [&](std::map<int64_t, Step>& m, int64_t step) {
+    INFO("step " << step);
+    REQUIRE(m.count(step));
+    worst = std::max(worst, std::abs(m[step].loss - ma[step].loss) / ma[step].loss);
+    worst = std::max(worst, std::abs(m[step].grad_norm - ma[step].grad_norm) / ma[step].grad_norm);
+  };
+  for (int64_t s : {3, 4}) {
+    cmp(mc, s);
+    cmp(md, s);
+  }
+  for (int64_t s : {5, 6}) cmp(me, s);
+  CHECK_FALSE(mc.count(2));
+  CHECK_FALSE(me.count(4));
+  WARN("TP 2 x FSDP 2 -> 1 rank, -> FSDP 4 -> TP 2 x FSDP 2: max relative loss / grad norm "
+       "difference " << worst);
+  CHECK(worst < 1e-5);
 
 TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep 2 and 4",
           "[dist][app][slow][moe]") {

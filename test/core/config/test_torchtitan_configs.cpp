@@ -177,20 +177,19 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
   test::write_file(dir.file("v022.toml"), kV022);
   test::write_file(dir.file("v01.toml"), kV01);
 
-  // v0.2.2: every key is read; the six ignored keys or sections warn once each.
+  // v0.2.2: every key is read; the five ignored keys or sections warn once each.
   auto a = parse({"--config", dir.file("v022.toml")});
   INFO([&] {
     std::string s;
     for (auto& w : a.warnings) s += w + "\n";
     return s;
   }());
-  CHECK(a.warnings.size() == 6);
+  CHECK(a.warnings.size() == 5);
   for (const char* k : {"profiling.enable_memory_snapshot", "profiling.save_memory_snapshot_folder",
                         "quantize.*", "metrics.enable_wandb",
-                        "parallelism.enable_async_tensor_parallel",
                         "parallelism.pipeline_parallel_schedule"})
     CHECK(warned(a.warnings, k) == 1);
-  CHECK(warned(a.warnings, "v022.toml:") == 6);  // each names the file and line
+  CHECK(warned(a.warnings, "v022.toml:") == 5);  // each names the file and line
   const JobConfig& c = a.cfg;
   CHECK(c.profiling.enable_profiling);
   CHECK(c.profiling.save_traces_folder == "traces");
@@ -297,14 +296,12 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
   };
   std::vector<Case> cases = {
       {"[model]\nconverters = [\"float8\"]\n", "model.converters", "float8"},
-      {"[parallelism]\ntensor_parallel_degree = 8\n", "parallelism.tensor_parallel_degree",
-       "tensor parallelism"},
+      {"[parallelism]\ntensor_parallel_degree = 8\nenable_async_tensor_parallel = true\n",
+       "parallelism.enable_async_tensor_parallel", "async tensor parallelism"},
       {"[parallelism]\npipeline_parallel_degree = 4\n", "parallelism.pipeline_parallel_degree",
        "pipeline parallelism"},
       {"[parallelism]\ncontext_parallel_degree = 2\n", "parallelism.context_parallel_degree",
        "context parallelism"},
-      {"[parallelism]\nexpert_tensor_parallel_degree = 8\n",
-       "parallelism.expert_tensor_parallel_degree", "expert tensor parallelism"},
       // The first one in the file is named.
       {"[model]\nconverters = [\"mx\"]\n[parallelism]\ntensor_parallel_degree = 8\n",
        "model.converters", "mx"},
@@ -322,9 +319,19 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
   // The same from the command line.
-  auto r = titan_run("--parallelism.tensor_parallel_degree 2 --dump-config");
+  auto r = titan_run("--parallelism.pipeline_parallel_degree 2 --dump-config");
   CHECK(r.rc == 2);
-  CHECK_THAT(r.out, Contains("command line: parallelism.tensor_parallel_degree = 2 needs tensor"));
+  CHECK_THAT(r.out, Contains("command line: parallelism.pipeline_parallel_degree = 2 needs pipeline"));
+  // Tensor parallelism is accepted; the experts' degree must be 1 or tp (torchtitan 0.2.2).
+  auto tp = titan_run("--parallelism.tensor_parallel_degree 8 "
+                      "--parallelism.expert_tensor_parallel_degree 8 --dump-config");
+  CHECK(tp.rc == 0);
+  CHECK_THAT(tp.out, Contains("tensor_parallel_degree = 8"));
+  auto etp = titan_run("--parallelism.tensor_parallel_degree 8 "
+                       "--parallelism.expert_tensor_parallel_degree 4 --dump-config");
+  CHECK(etp.rc == 2);
+  CHECK_THAT(etp.out, Contains("parallelism.expert_tensor_parallel_degree = 4 is not allowed; "
+                               "allowed: 1 or tensor_parallel_degree (8)"));
 }
 
 namespace {
@@ -341,10 +348,14 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
   toml::table t = toml::parse(text);
   if (auto* conv = t["model"]["converters"].as_array(); conv && !conv->empty())
     out.push_back("model.converters");
-  for (const char* k : {"tensor_parallel_degree", "pipeline_parallel_degree",
-                        "context_parallel_degree", "expert_tensor_parallel_degree"})
+  for (const char* k : {"pipeline_parallel_degree", "context_parallel_degree"})
     if (t["parallelism"][k].value_or<int64_t>(1) > 1)
       out.push_back(std::string("parallelism.") + k);
+  if (t["parallelism"]["enable_async_tensor_parallel"].value_or(false))
+    out.push_back("parallelism.enable_async_tensor_parallel");
+  const int64_t tp = t["parallelism"]["tensor_parallel_degree"].value_or<int64_t>(1);
+  const int64_t etp = t["parallelism"]["expert_tensor_parallel_degree"].value_or<int64_t>(1);
+  if (etp != 1 && etp != tp) out.push_back("parallelism.expert_tensor_parallel_degree");
   return out;
 }
 
@@ -393,6 +404,45 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
       }
     }
   }
-  WARN(loaded << " shipped configs load, " << later << " need TP/PP/CP or float8 (exit 2)");
+  WARN(loaded << " shipped configs load, " << later << " need PP/CP, async TP or float8 (exit 2)");
   CHECK(loaded >= 7);
+}
+
+TEST_CASE("torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
+          "get past TP and name float8, async TP or pipeline parallel",
+          "[torchtitan-configs][tp]") {
+  // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
+  const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
+  for (const char* f : {"llama3_70b.toml", "llama4_17bx16e.toml"}) {
+    auto r = titan_run("--config " + dir + f + " --dump-config");
+    INFO(f << "\n" << r.out.substr(0, 3000));
+    CHECK(r.rc == 0);
+    CHECK_THAT(r.out, Contains("tensor_parallel_degree = 8"));
+  }
+  auto a = parse({"--config", dir + "llama4_17bx16e.toml"});
+  CHECK(a.cfg.parallelism.tensor_parallel_degree == 8);
+  CHECK(a.cfg.parallelism.expert_tensor_parallel_degree == 8);
+  // Without float8, the next thing 405B asks for is async TP.
+  test::TempDir tmp("tt405");
+  const std::string no_float8 = std::regex_replace(
+      test::read_file(dir + "llama3_405b.toml"), std::regex("converters = \\[\"float8\"\\]"), "");
+  test::write_file(tmp.file("405b_no_float8.toml"), no_float8);
+  struct Case {
+    std::string file, key, feature;
+  };
+  const std::vector<Case> cases = {
+      {dir + "llama3_405b.toml", "model.converters", "float8"},
+      {tmp.file("405b_no_float8.toml"), "parallelism.enable_async_tensor_parallel",
+       "async tensor parallelism"},
+      {dir + "llama4_17bx128e.toml", "parallelism.pipeline_parallel_degree",
+       "pipeline parallelism"},
+  };
+  for (const Case& c : cases) {
+    auto r = titan_run("--config " + c.file + " --dump-config");
+    INFO(c.file << "\n" << r.out);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.out, Contains(c.key) && Contains(c.feature) &&
+                          Contains("titan-train does not support yet"));
+    CHECK_THAT(r.out, !Contains("tensor_parallel_degree = 8"));
+  }
 }

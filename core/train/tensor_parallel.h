@@ -1,0 +1,57 @@
+// Tensor and sequence parallelism as the model declares it (docs/distributed.md).
+//
+// A model states, as data, how each of its parameters is split over the tensor-parallel
+// ranks (TpPlan), and marks in its forward where activations cross a sequence-parallel
+// boundary (Model::seq_gather / Model::seq_reduce, identities on one rank). parallel/ checks
+// the plan, cuts the parameters and supplies the collectives (TensorParallelComm) without
+// knowing the model; the model never sees a process group.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace titan {
+
+enum class TpStyle {
+  Column,     // dim 0 split (output features): wq/wk/wv by heads, w1/w3 by hidden rows
+  Row,        // dim 1 split (input features): wo, w2; the output is a partial sum
+  Vocab,      // dim 0 split over the vocabulary: embedding table, output projection
+  Replicate,  // whole on every rank and applied to sequence shards (norms): the gradient
+              // is a partial sum over the sequence, summed over the tp ranks
+};
+const char* tp_style_name(TpStyle s);
+
+// Every parameter (store index) sits in exactly one group. `divisible` lists the counts the
+// tp degree must divide (heads, kv heads, hidden size, vocabulary), by name for the message.
+struct TpPlan {
+  std::vector<int64_t> column, row, vocab, replicate;
+  std::vector<std::pair<std::string, int64_t>> divisible;
+  bool declared() const {
+    return !column.empty() || !row.empty() || !vocab.empty() || !replicate.empty();
+  }
+};
+
+// The tensor-parallel collectives over one tp group, with autograd where the model needs
+// gradients through them. parallel/tensor_parallel.cpp implements them over c10d.
+class TensorParallelComm {
+ public:
+  virtual ~TensorParallelComm() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t rank() const = 0;
+  // (B, T/tp, ...) -> (B, T, ...): all-gather along dim 1; backward reduce-scatters.
+  virtual at::Tensor gather_seq(const at::Tensor& x) = 0;
+  // Partial sums (B, T, ...) -> this rank's rows (B, T/tp, ...) of their sum over the ranks
+  // (reduce-scatter along dim 1); backward all-gathers.
+  virtual at::Tensor reduce_scatter_seq(const at::Tensor& x) = 0;
+  // In place over the tp ranks, no autograd: a sum, or a max when `max`.
+  virtual void allreduce(at::Tensor& t, bool max) = 0;
+  // (..., V/tp) -> (..., V): all-gather along the last dim, no autograd (logits for tests
+  // and exports; training never forms them).
+  virtual at::Tensor gather_last(const at::Tensor& x) = 0;
+};
+
+}  // namespace titan

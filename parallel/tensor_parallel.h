@@ -1,0 +1,57 @@
+// Tensor and sequence parallelism over one tp group (Megatron's layout, as torchtitan
+// applies it): the model's TpPlan (core/train/tensor_parallel.h) says how each parameter is
+// split; this file checks the plan, cuts the parameters to this rank's slices and installs
+// the collectives at the model's sequence-parallel boundaries. It knows no model.
+//
+// Applied before FSDP: FSDP then shards each tp slice over the data-parallel ranks of the
+// same tp index (parallel/mesh.h), and TensorParallelGradSync sums the gradients of the
+// replicated (sequence-parallel) parameters over the tp ranks after FSDP's reductions.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/train/grad_sync.h"
+#include "core/train/model.h"
+#include "parallel/process_group.h"
+
+namespace titan {
+
+// Throws UserError (exit 2) naming the first fault: no plan declared, a parameter in no
+// group or in two, an index that is no parameter, a count in `divisible` or a split
+// dimension that `tp` does not divide.
+void check_tp_plan(const Model& model, int64_t tp);
+
+// Checks the plan, then replaces each split parameter by this rank's slice (deferred
+// parameters stay unallocated, with the slice's shape) and installs the tp collectives in
+// the model. A group of one rank changes nothing.
+void apply_tensor_parallel(Model& model, ProcessGroup& tp_group);
+
+// The cut alone (no collectives installed): rank r's slices of a tp-way split, after the
+// same checks. titan-train estimate sizes a rank with it.
+void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r);
+
+// The collectives at the sequence-parallel boundaries over `group` (exposed for tests).
+std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group);
+
+// Wraps the data-parallel GradSync (or none): after it, sums the replicated parameters'
+// gradients over the tp ranks; the squared norm counts the split parameters of every tp
+// rank and the replicated ones once.
+class TensorParallelGradSync : public GradSync {
+ public:
+  TensorParallelGradSync(Model& model, ProcessGroup& tp_group, GradSync* inner);
+  void begin_micro_batch(bool last) override;
+  void reduce_gradients(const std::vector<at::Tensor>& params) override;
+  void reduce_norm_sq(at::Tensor& norm_sq) override;
+
+ private:
+  Model& model_;
+  ProcessGroup& tp_;
+  GradSync* inner_;
+};
+
+// "tp 2: 8 column, 4 row, 2 vocab, 5 replicated parameters", for the startup log.
+std::string describe_tp(const Model& model, int64_t tp);
+
+}  // namespace titan
