@@ -143,10 +143,12 @@ at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) 
 void Llama3::declare_tp_plan(const Llama3Args& a, int64_t ffn) {
   TpPlan plan;
   plan.vocab.push_back(tok_emb_);
-  for (const LayerIdx& L : layers_) {
-    plan.replicate.insert(plan.replicate.end(), {L.attn_norm, L.ffn_norm});
-    plan.column.insert(plan.column.end(), {L.wq, L.wk, L.wv, L.w1, L.w3});
-    plan.row.insert(plan.row.end(), {L.wo, L.w2});
+  // Each layer's indices: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
+  // (add_llama_block_params).
+  for (const std::vector<int64_t>& w : layers_) {
+    plan.replicate.insert(plan.replicate.end(), {w[0], w[5]});
+    plan.column.insert(plan.column.end(), {w[1], w[2], w[3], w[6], w[8]});
+    plan.row.insert(plan.row.end(), {w[4], w[7]});
   }
   plan.replicate.push_back(norm_);
   if (output_ >= 0) plan.vocab.push_back(output_);

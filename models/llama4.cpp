@@ -132,7 +132,7 @@ void Llama4::declare_tp_plan(int64_t ffn) {
   plan.vocab = {tok_emb_, output_};
   bool dense = false;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const std::vector<int64_t>& w = layers_[l].w;
+    const std::vector<int64_t>& w = layers_[l];
     plan.replicate.insert(plan.replicate.end(), {w[0], w[5]});
     plan.column.insert(plan.column.end(), {w[1], w[2], w[3]});
     plan.row.push_back(w[4]);
