@@ -1003,6 +1003,7 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
   WARN("TP 2 x FSDP 2 -> 1 rank, -> FSDP 4 -> TP 2 x FSDP 2: max relative loss / grad norm "
        "difference " << worst);
   CHECK(worst < 1e-5);
+}
 
 TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep 2 and 4",
           "[dist][app][slow][moe]") {
