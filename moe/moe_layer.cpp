@@ -196,7 +196,10 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
     at::Tensor head = loop_experts(xa.narrow(0, 0, rows), w1, w2, w3, sizes);
     ya = at::cat({head, at::zeros({xa.size(0) - rows, xa.size(1)}, head.options())});
   }
-  at::Tensor y = unpad_groups(ya, local);  // (R, D) in arrival order
+  // (R, D) back in arrival order (unpad_groups would leave them sorted by local expert):
+  // arrival row a sits at padded row local.rows[i] where local.order[i] == a.
+  at::Tensor home = at::empty_like(local.order).index_copy_(0, local.order, local.rows);
+  at::Tensor y = ya.index_select(0, home);
   // Empty slots hold no computed row (their values are undefined): zero, as the exchange
   // expects (their gradient is zero as well).
   if (got.has_empty_slots) y = y.masked_fill((got.local_expert == El).unsqueeze(1), 0);

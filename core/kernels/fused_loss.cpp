@@ -67,7 +67,7 @@ std::pair<at::Tensor, at::Tensor> recompute_grads(const at::Tensor& h, const at:
       probs_to_grad(p, lab, lab.ne(kIgnoreIndex), g);
     } else {
       at::Tensor local = lab - offset;
-      at::Tensor hit = local.ge(0).logical_and_(local.lt(V));
+      at::Tensor hit = local.ge(0).bitwise_and_(local.lt(V));  // bitwise: has a meta kernel
       probs_to_grad(p, local, lab.ne(kIgnoreIndex), g, hit);
     }
     accumulate_grads(p, h, w, i0, i1, dh, dw);
@@ -85,7 +85,7 @@ struct VocabParallelCrossEntropyFn : torch::autograd::Function<VocabParallelCros
     at::Tensor picked = at::zeros({N}, lse.options());
     at::Tensor valid = labels.ne(kIgnoreIndex);
     at::Tensor local = labels - shard->offset;
-    at::Tensor hit = local.ge(0).logical_and_(local.lt(V)).logical_and_(valid);
+    at::Tensor hit = local.ge(0).bitwise_and_(local.lt(V)).bitwise_and_(valid);
     at::Tensor idx = at::where(hit, local, 0);
     for (int64_t i0 = 0; i0 < N; i0 += chunk) {
       const int64_t i1 = std::min(N, i0 + chunk);

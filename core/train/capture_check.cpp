@@ -24,7 +24,7 @@ namespace {
 thread_local CaptureCheck::Recording* t_rec = nullptr;
 thread_local std::vector<std::string> t_modules;      // ModuleScope names, outermost first
 thread_local std::vector<std::string> t_bwd_modules;  // modules of the running backward nodes
-thread_local int t_fused_adamw = 0;                   // depth inside aten::_fused_adamw_
+thread_local int t_device_reader = 0;  // depth inside an op of device_reader_ops()
 
 // Ops whose result size or value is read on the host: a graph can hold none of them.
 const std::set<std::string>& host_read_ops() {
@@ -35,6 +35,12 @@ const std::set<std::string>& host_read_ops() {
       "aten::unique_consecutive",  "aten::unique_dim",    "aten::bincount",
       "aten::equal",               "aten::allclose",      "aten::_assert_async",
       "aten::_assert_async.msg"};
+  return s;
+}
+
+// Ops whose CUDA kernels read their small operands (lr, group offsets) in device memory.
+const std::set<std::string>& device_reader_ops() {
+  static const std::set<std::string> s = {"aten::_fused_adamw_", "aten::_grouped_mm"};
   return s;
 }
 
@@ -78,7 +84,7 @@ void describe(const c10::IValue& v, std::string& shapes, std::string& scalars) {
 
 // The context handed from enter to exit: what enter pushed.
 struct Pushed : at::ObserverContext {
-  bool bwd = false, fused = false;
+  bool bwd = false, device_reader = false;
 };
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
@@ -88,6 +94,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // c10d's own trace record of a collective carries its running sequence number, which
   // grows by design; our collective scopes carry the sizes.
   if (name == "record_param_comms") return nullptr;
+  // Inside such an op its CPU kernel runs ops of its own (the grouped GEMM's per-group slices,
+  // sized by the offsets it read); on CUDA it is one kernel, so they are not recorded.
+  if (t_device_reader > 0 && name != "titan::host_read") return nullptr;
   auto ctx = std::make_unique<Pushed>();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     auto it = r->seq_module.find(fn.seqNr());
@@ -95,13 +104,15 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     ctx->bwd = true;
   }
   const std::string module = current_module();
-  // The CPU fused AdamW reads its own CPU lr tensor with .item(); on CUDA the kernel reads
-  // device memory, so that read is no break.
-  if (name == "titan::host_read" || (host_read_ops().count(name) && t_fused_adamw == 0))
+  // Reads inside these ops are their CPU kernels reading their own CPU operands (the fused
+  // AdamW's lr, the grouped GEMM's offsets); their CUDA kernels read device memory, so such
+  // a read is no break. (Where _grouped_mm would sync on a GPU, below SM90, the experts
+  // backend never picks it: moe/experts.cpp.)
+  if (name == "titan::host_read" || (host_read_ops().count(name) && t_device_reader == 0))
     r->host_reads.push_back(name + (module.empty() ? " (in the step itself)" : " in " + module));
-  if (name == "aten::_fused_adamw_") {
-    ++t_fused_adamw;
-    ctx->fused = true;
+  if (device_reader_ops().count(name)) {
+    ++t_device_reader;
+    ctx->device_reader = true;
   }
   if (fn.scope() == at::RecordScope::FUNCTION && fn.seqNr() >= 0 && !t_modules.empty() &&
       at::GradMode::is_enabled())
@@ -119,7 +130,7 @@ void on_exit(const at::RecordFunction&, at::ObserverContext* c) {
   auto* ctx = static_cast<Pushed*>(c);
   if (ctx == nullptr) return;
   if (ctx->bwd && !t_bwd_modules.empty()) t_bwd_modules.pop_back();
-  if (ctx->fused) --t_fused_adamw;
+  if (ctx->device_reader) --t_device_reader;
 }
 
 std::string where(const CapturedOp& op) {
@@ -163,7 +174,7 @@ void CaptureCheck::begin_step(const std::string& inputs_key) {
   t_rec = rec_.get();
   t_modules.clear();
   t_bwd_modules.clear();
-  t_fused_adamw = 0;
+  t_device_reader = 0;
   rec_->handle = at::addThreadLocalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit)
           .needsInputs(true)

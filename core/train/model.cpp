@@ -185,7 +185,8 @@ at::Tensor Model::embed(const at::Tensor& table, const at::Tensor& tokens) const
   // and the sum over the ranks (reduce-scattered along the sequence) is the full lookup.
   const int64_t rows = table.size(0), offset = tp_->rank() * rows;
   at::Tensor local = tokens - offset;
-  at::Tensor outside = local.lt(0).logical_or_(local.ge(rows));
+  // bitwise_or, not logical_or: `estimate` runs this on meta tensors; only it has a meta kernel.
+  at::Tensor outside = local.lt(0).bitwise_or_(local.ge(rows));
   at::Tensor h = at::embedding(table, local.masked_fill(outside, 0));
   return seq_reduce(h.masked_fill(outside.unsqueeze(-1), 0));
 }

@@ -101,7 +101,8 @@ TEST_CASE("config: bad TOML input names the key and the line and what is allowed
              Contains("decay_type") && Contains("linear, sqrt, cosine"));
   CHECK_THAT(err("[training\nsteps = 3\n"), Contains("x.toml:1:") && Contains("TOML syntax error"));
   CHECK_THAT(err("[training]\nsteps = \n"), Contains("x.toml:2:"));
-  CHECK_THAT(err("[parallelism]\ntensor_parallel_degree = 2\n"), Contains("only 1"));
+  CHECK_THAT(err("[parallelism]\npipeline_parallel_degree = 2\n"),
+             Contains("pipeline parallelism") && Contains("only 1"));
   CHECK(err("[training]\nsteps = 3\n").empty());
   // torchtitan keys we ignore warn instead of failing.
   w.clear();
