@@ -64,7 +64,8 @@ TEST_CASE("moe balance: the expert-bias update follows the published rule", "[mo
   int calls = 0;
   moe_balance_step({&m}, [&](at::Tensor& t) {
     ++calls;
-    CHECK(t.sizes() == at::IntArrayRef({1, 4}));  // one collective for every layer
+    // One collective for every layer: its 4 counts and its dropped rows.
+    CHECK(t.sizes() == at::IntArrayRef({1, 5}));
   });
   CHECK(calls == 1);
   // mean 4: sign(4 - c) = [-1, 1, 1, 0] -> 0.1 * that, minus its mean 0.025.
@@ -81,7 +82,8 @@ TEST_CASE("moe balance: the expert-bias update follows the published rule", "[mo
   // mirrored counts balances the sum, so the bias does not move.
   m.tokens_per_expert.copy_(at::tensor({10.0f, 0.0f, 2.0f, 4.0f}));
   at::Tensor before = m.expert_bias.clone();
-  moe_balance_step({&m}, [](at::Tensor& t) { t.add_(at::tensor({0.0f, 10.0f, 8.0f, 6.0f})); });
+  moe_balance_step({&m},
+                   [](at::Tensor& t) { t.add_(at::tensor({0.0f, 10.0f, 8.0f, 6.0f, 0.0f})); });
   CHECK(at::allclose(m.expert_bias, before, 0, 1e-7));
   CHECK(moe_load_metrics({{3, &m}})["moe/layer3/max_mean_load_ratio"] == Approx(1.0));
 
