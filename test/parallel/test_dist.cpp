@@ -947,8 +947,9 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
           "[dist][app][tp][checkpoint]") {
   // A: TP 2 x FSDP 2 saves steps 2, 4, 6. The files hold whole tensors' rows (dim-0 slices at
   // their global rows, dim-1 slices gathered over tp), so C (1 rank) and D (FSDP 4) resume
-  // A's step 2 and reproduce steps 3..4; E (TP 2 x FSDP 2) resumes D's step-4 save and
-  // reproduces A's steps 5..6. Same global batch of 4 everywhere; tolerance 1e-5.
+  // A's step 2 and reproduce steps 3..6; E (TP 2 x FSDP 2) resumes D's step-4 save and
+  // reproduces A's steps 5..6. Same global batch of 4 and the same training.steps (the lr
+  // schedule's length) everywhere; tolerance 1e-5.
   test::TempDir a("tpckA"), c("tpckC"), d("tpckD"), e("tpckE");
   const std::string common = kSmall +
                              "--checkpoint.enable true --checkpoint.interval 2 "
@@ -968,11 +969,11 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
     fs::copy(a.file("checkpoint/step-2"), t->file("checkpoint/step-2"),
              fs::copy_options::recursive);
   }
-  auto rc = single_train(common + "--training.local_batch_size 4 --training.steps 4 "
+  auto rc = single_train(common + "--training.local_batch_size 4 --training.steps 6 "
                                   "--job.dump_folder " + c.path.string());
   INFO(rc.out);
   REQUIRE(rc.rc == 0);
-  auto rd = torchrun_train(4, common + "--training.local_batch_size 1 --training.steps 4 "
+  auto rd = torchrun_train(4, common + "--training.local_batch_size 1 --training.steps 6 "
                                        "--job.dump_folder " + d.path.string());
   INFO(rd.out);
   REQUIRE(rd.rc == 0);
@@ -993,7 +994,7 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
     worst = std::max(worst, std::abs(m[step].loss - ma[step].loss) / ma[step].loss);
     worst = std::max(worst, std::abs(m[step].grad_norm - ma[step].grad_norm) / ma[step].grad_norm);
   };
-  for (int64_t s : {3, 4}) {
+  for (int64_t s : {3, 4, 5, 6}) {
     cmp(mc, s);
     cmp(md, s);
   }

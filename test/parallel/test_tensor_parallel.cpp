@@ -34,8 +34,11 @@ TEST_CASE("llama3 declares a tensor-parallel plan that covers every parameter on
   CHECK(p.column.size() + p.row.size() + p.vocab.size() + p.replicate.size() ==
         static_cast<size_t>(m->params().size()));
   for (int64_t tp : {1, 2, 4, 8, 16}) CHECK_NOTHROW(check_tp_plan(*m, tp));
-  // 16 heads: 3 does not divide them.
-  CHECK_THROWS_WITH(check_tp_plan(*m, 3), Contains("does not divide n_heads = 16"));
+  // 3 does not divide wq's 256 rows: the first parameter it cannot split is named.
+  CHECK_THROWS_WITH(check_tp_plan(*m, 3),
+                    Contains("layers.0.attention.wq.weight [256, 256] is column-parallel"));
+  // 32 divides every split dim, but not the 16 heads.
+  CHECK_THROWS_WITH(check_tp_plan(*m, 32), Contains("does not divide n_heads = 16"));
   for (int64_t i : p.row) CHECK_THAT(m->params()[i].name, Contains("wo") || Contains("w2"));
 }
 
