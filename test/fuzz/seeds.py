@@ -66,6 +66,10 @@ def config_seeds():
         with open(os.path.join(root, "configs", name), "rb") as f:
             put("config", name, b"\0" + f.read())
     put("config", "small.toml", b'\0[training]\nsteps = 5\nseq_len = 64\n[model]\nflavor = "debugmodel"\n')
+    # toml++ 3.3's undefined behaviour on non-ASCII where it looks for whitespace (a finding
+    # of this target, now refused first: core/config/config_toml.cpp NonAsciiGuard).
+    put("config", "nonascii_bare_key", b'\0[t\xc6\xa0iaset = t:a\n')
+    put("config", "nonascii_after_backslash", b'\0[job]\ndescription = """a\\\n  \xc6\xa0"""\n')
     put("config", "argv_basic", b"\1--training.steps=5\n--training.seq_len=64\n--model.name=llama3")
     put("config", "argv_lists", b"\1--checkpoint.exclude_from_loading=a,b\n--training.steps\n7\n--dump-config")
     put("config", "argv_float", b"\1--optimizer.lr=3e-4\n--lr_scheduler.warmup_steps=2\n--help")
