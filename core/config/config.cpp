@@ -386,10 +386,16 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
                     std::to_string(p.expert_tensor_parallel_degree) +
                     " is not allowed; allowed: 1 or tensor_parallel_degree (" +
                     std::to_string(tp) + ")");
-  for (auto [key, len] : {std::pair<const char*, int64_t>{"training.seq_len", cfg.training.seq_len},
-                          {"validation.seq_len", cfg.validation.seq_len}})
-    if (tp > 1 && len % tp != 0 && (key[0] == 't' || cfg.validation.enable))
-      throw UserError(std::string(key) + " = " + std::to_string(len) +
+  struct SeqLen {
+    const char* key;
+    int64_t len;
+    bool used;
+  };
+  for (const SeqLen& s : {SeqLen{"training.seq_len", cfg.training.seq_len, true},
+                          SeqLen{"validation.seq_len", cfg.validation.seq_len,
+                                 cfg.validation.enable}})
+    if (tp > 1 && s.used && s.len % tp != 0)
+      throw UserError(std::string(s.key) + " = " + std::to_string(s.len) +
                       " does not split over parallelism.tensor_parallel_degree = " +
                       std::to_string(tp) + " (sequence parallel); allowed: a multiple of " +
                       std::to_string(tp));
