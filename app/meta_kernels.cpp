@@ -62,6 +62,23 @@ at::Tensor searchsorted_meta(const at::Tensor&, const at::Tensor& values, bool o
   return at::empty(values.sizes(), values.options().dtype(out_int32 ? at::kInt : at::kLong));
 }
 
+// at::_grouped_mm's output shape (its CPU and CUDA fallbacks copy the offsets to the host,
+// which a meta tensor cannot): 2-D x 3-D (rows grouped by offs, one weight per group) gives
+// (M, N); 2-D x 2-D with offs (the weight gradient, the reduction dim grouped) gives
+// (groups, M, N); 3-D x 2-D gives (M, N) with the columns grouped; 3-D x 3-D is batched.
+at::Tensor grouped_mm_meta(const at::Tensor& a, const at::Tensor& b,
+                           const std::optional<at::Tensor>& offs, const std::optional<at::Tensor>&,
+                           std::optional<at::ScalarType> out_dtype) {
+  const auto opts = a.options().dtype(out_dtype.value_or(a.scalar_type()));
+  if (a.dim() == 2 && b.dim() == 3) return at::empty({a.size(0), b.size(2)}, opts);
+  if (a.dim() == 2 && b.dim() == 2) {
+    TORCH_CHECK(offs.has_value(), "_grouped_mm (meta): 2-D x 2-D needs offsets");
+    return at::empty({offs->size(0), a.size(0), b.size(1)}, opts);
+  }
+  if (a.dim() == 3 && b.dim() == 2) return at::empty({a.size(1), b.size(1)}, opts);
+  return at::empty({a.size(0), a.size(1), b.size(2)}, opts);
+}
+
 }  // namespace
 
 void register_meta_kernels() {
@@ -79,6 +96,7 @@ void register_meta_kernels() {
     lib->impl("_scaled_dot_product_flash_attention_for_cpu_backward",
               TORCH_FN(cpu_flash_backward_meta));
     lib->impl("searchsorted.Tensor", TORCH_FN(searchsorted_meta));
+    lib->impl("_grouped_mm", TORCH_FN(grouped_mm_meta));
   });
 }
 

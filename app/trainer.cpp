@@ -341,9 +341,8 @@ void Trainer::setup_optimizer() {
 void Trainer::setup_compile() {
   if (!cfg_.compile.enable) return;
   const bool moe = model_->num_experts() > 0;
-  const bool loop = moe && select_experts_backend(cfg_.moe.experts_backend, device_,
-                                                  /*static_step=*/true) ==
-                               ExpertsBackend::Loop;
+  // The backend the model resolved (with compile.enable: static_step) for its shapes.
+  const bool loop = moe && model_->experts_backend() == "loop";
   check_compile_config(cfg_, moe, loop);
   compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
   log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "

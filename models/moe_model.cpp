@@ -59,8 +59,16 @@ void MoETransformer::reset_state() {
   for (auto* m : moe_layers()) m->reset_state();
 }
 
-void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device) {
-  moe.backend = select_experts_backend(cfg.moe.experts_backend, device, cfg.compile.enable);
+void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_t dim,
+                   int64_t expert_hidden) {
+  ExpertsGemmShape shape;
+  shape.dim = dim;
+  shape.hidden = expert_hidden;
+  // The trainer computes in bf16 on CUDA with mixed_precision_param = bfloat16 (app/trainer).
+  shape.dtype = device.is_cuda() && cfg.training.mixed_precision_param == "bfloat16"
+                    ? at::kBFloat16
+                    : at::kFloat;
+  moe.backend = select_experts_backend(cfg.moe.experts_backend, device, cfg.compile.enable, shape);
   moe.load_balance_coeff = cfg.moe.load_balance_coeff;
   moe.seq_aux_loss_coeff = cfg.moe.seq_aux_loss_coeff;
   const std::string& ac = cfg.activation_checkpoint.mode;
@@ -81,6 +89,12 @@ int64_t MoETransformer::num_experts() const {
   for (auto& m : moe_)
     if (m) return m->args().num_experts;
   return 0;
+}
+
+std::string MoETransformer::experts_backend() const {
+  for (auto& m : moe_)
+    if (m) return experts_backend_name(m->args().backend);
+  return "";
 }
 
 void MoETransformer::set_expert_exchange(std::shared_ptr<ExpertExchange> ex) {

@@ -31,6 +31,7 @@ class MoETransformer : public Model {
   MoELayer* moe_layer(int64_t l) const { return moe_[static_cast<size_t>(l)].get(); }
   std::vector<MoELayer*> moe_layers() const;
   int64_t num_experts() const override;
+  std::string experts_backend() const override;
   // Installs expert parallelism in every MoE layer (see MoELayer::set_expert_exchange).
   void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) override;
 
@@ -47,9 +48,12 @@ class MoETransformer : public Model {
 };
 
 // Applies the job's [moe] section to a flavor's MoE arguments: the experts backend for
-// `device` (logged), the balancing coefficients. Throws UserError for a combination that
-// cannot run (grouped_mm off SM90+, the sequence-wise loss with activation checkpointing).
-void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device);
+// `device` (logged) for experts of model dim `dim` and hidden size `expert_hidden` (the
+// grouped kernels need multiples of 8 and bf16), the balancing coefficients. Throws UserError
+// for a combination that cannot run (grouped_mm off SM90+, the sequence-wise loss with
+// activation checkpointing).
+void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_t dim,
+                   int64_t expert_hidden);
 // The longest sequence the run feeds the model: training, and validation when enabled.
 int64_t run_max_seq_len(const JobConfig& cfg);
 

@@ -39,7 +39,7 @@ std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool
     a.n_layers = depth(a.n_layers);
     // Like torchtitan's update_from_config: the RoPE table covers the run's sequences.
     a.max_seq_len = run_max_seq_len(cfg);
-    configure_moe(a.moe, cfg, device);
+    configure_moe(a.moe, cfg, device, a.dim, llama4_expert_hidden(a));
     m = std::make_unique<Llama4>(a, device);
   } else if (cfg.model.name == "deepseek_v3") {
     DeepSeekV3Args a = deepseek_v3_flavor(cfg.model.flavor);
@@ -47,7 +47,7 @@ std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool
     // As torchtitan: YaRN and its softmax mscale apply when the run's sequences are longer
     // than original_seq_len.
     a.max_seq_len = run_max_seq_len(cfg);
-    configure_moe(a.moe, cfg, device);
+    configure_moe(a.moe, cfg, device, a.dim, a.moe_inter_dim);
     m = std::make_unique<DeepSeekV3>(a, device);
   } else {
     throw UserError("model.name = \"" + cfg.model.name +

@@ -47,9 +47,11 @@ int cuda_compute_capability(at::Device device) {
 
 namespace {
 
-// Which grouped backends can run on a device of compute capability cc (0: not CUDA).
+// Which grouped backends can run sync-free on a device of compute capability cc (0: not
+// CUDA), for these GEMM shapes and compute dtype, and why not when one cannot.
 struct GroupedSupport {
-  bool grouped_mm, cutlass;
+  bool grouped_mm = false, cutlass = false;
+  std::string no_grouped_mm, no_cutlass;  // the reason, when false
   std::string allowed() const {
     std::string a = "auto";
     if (grouped_mm) a += ", grouped_mm";
@@ -58,62 +60,131 @@ struct GroupedSupport {
   }
 };
 
-GroupedSupport grouped_support(int cc) {
+GroupedSupport grouped_support(int cc, const ExpertsGemmShape& shape, bool cutlass_built) {
+  GroupedSupport s;
+  // Both grouped kernels read 16-byte vectors of bf16 rows: the GEMMs' N and K (the model
+  // dim and the expert hidden size) must be multiples of 8 elements; both are bf16-only
+  // (ATen's _grouped_mm falls back to a loop that copies the offsets to the host for any
+  // other dtype, and the CUTLASS instantiation is bf16).
+  std::string shape_why;
+  if (shape.dim % 8 != 0 || shape.hidden % 8 != 0)
+    shape_why = "the experts' GEMM sizes (dim " + std::to_string(shape.dim) + ", hidden " +
+                std::to_string(shape.hidden) + ") are not multiples of 8";
+  else if (shape.dtype != at::kBFloat16)
+    shape_why = std::string("the experts compute in ") + c10::toString(shape.dtype) +
+                ", and the sync-free grouped kernels are bf16-only (training."
+                "mixed_precision_param = \"bfloat16\" gives bf16)";
   // at::_grouped_mm is sync-free (its CUTLASS 3.x kernel) on 9.x and 10.x only.
-  return {cc >= 90 && cc < 110, cc >= 80 && cutlass_grouped_gemm_built()};
+  if (!(cc >= 90 && cc < 110))
+    s.no_grouped_mm = "at::_grouped_mm is sync-free only on a CUDA device of compute "
+                      "capability 9.0 to 10.x";
+  else
+    s.no_grouped_mm = shape_why;
+  if (!cutlass_built)
+    s.no_cutlass = "this build has no CUTLASS kernel (nvcc and the nvidia-cutlass headers)";
+  else if (cc < 80)
+    s.no_cutlass = "the CUTLASS grouped GEMM needs a CUDA device of compute capability >= 8.0";
+  else
+    s.no_cutlass = shape_why;
+  s.grouped_mm = s.no_grouped_mm.empty();
+  s.cutlass = s.no_cutlass.empty();
+  return s;
 }
 
-std::pair<ExpertsBackend, std::string> auto_backend(const GroupedSupport& s, int cc) {
+// A device that could run the kernel, refused only for the shapes or dtype: the choice falls
+// back to a path that works instead of failing inside the run.
+bool device_could(int cc, bool cutlass_built, ExpertsBackend b) {
+  if (b == ExpertsBackend::GroupedMM) return cc >= 90 && cc < 110;
+  return cutlass_built && cc >= 80;
+}
+
+ExpertsChoice auto_backend(const GroupedSupport& s, int cc, bool cutlass_built) {
   if (s.grouped_mm) return {ExpertsBackend::GroupedMM, "auto: compute capability 9.x/10.x"};
   if (s.cutlass) return {ExpertsBackend::Cutlass, "auto: CUDA from compute capability 8.0"};
   if (cc == 0) return {ExpertsBackend::Loop, "auto: on the CPU reading the counts is no sync"};
-  if (cc >= 80)
-    return {ExpertsBackend::Loop, "auto: this build has no CUTLASS kernel; the loop syncs once "
-                                  "per layer and forward"};
-  return {ExpertsBackend::Loop, "auto: below compute capability 8.0; the loop syncs once per "
-                                "layer and forward"};
+  ExpertsChoice c{ExpertsBackend::Loop, ""};
+  if (device_could(cc, cutlass_built, ExpertsBackend::GroupedMM) ||
+      device_could(cc, cutlass_built, ExpertsBackend::Cutlass)) {
+    // The reason of the kernel this device has (the shapes or the dtype).
+    c.reason = "auto: " +
+               (device_could(cc, cutlass_built, ExpertsBackend::GroupedMM) ? s.no_grouped_mm
+                                                                            : s.no_cutlass) +
+               "; the loop syncs once per layer and forward";
+    c.fell_back = true;
+  } else if (cc >= 80) {
+    c.reason = "auto: this build has no CUTLASS kernel; the loop syncs once per layer and forward";
+  } else {
+    c.reason = "auto: below compute capability 8.0; the loop syncs once per layer and forward";
+  }
+  return c;
 }
 
 }  // namespace
 
-ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
-                                      bool static_step) {
-  const int cc = cuda_compute_capability(device);
-  const GroupedSupport s = grouped_support(cc);
-  std::string where = device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
-                                             " (compute capability " + std::to_string(cc / 10) +
-                                             "." + std::to_string(cc % 10) + ")"
-                                       : "the CPU";
+ExpertsChoice choose_experts_backend(const std::string& requested, int cc, bool static_step,
+                                     const ExpertsGemmShape& shape, bool cutlass_built) {
+  const GroupedSupport s = grouped_support(cc, shape, cutlass_built);
+  const std::string where = cc > 0 ? "a CUDA device of compute capability " +
+                                         std::to_string(cc / 10) + "." + std::to_string(cc % 10)
+                                   : "the CPU";
   auto refuse = [&](const std::string& why) {
     throw UserError("moe.experts_backend = \"" + requested + "\" cannot run on " + where + ": " +
                     why + "; allowed here: " + s.allowed());
   };
-  std::pair<ExpertsBackend, std::string> pick;
+  // Asked for a kernel the device has but these shapes or this dtype cannot use: the other
+  // grouped kernel if it can, else the loop; said in the log line (never a failed check in
+  // the middle of the run).
+  auto fall_back = [&](const std::string& why) {
+    ExpertsChoice c;
+    c.fell_back = true;
+    if (requested != "grouped_mm" && s.grouped_mm)
+      c = {ExpertsBackend::GroupedMM, "asked for " + requested + ", but " + why + "; grouped_mm can", true};
+    else if (requested != "cutlass" && s.cutlass)
+      c = {ExpertsBackend::Cutlass, "asked for " + requested + ", but " + why + "; cutlass can", true};
+    else
+      c = {ExpertsBackend::Loop,
+           "asked for " + requested + ", but " + why + "; the loop syncs once per layer and forward",
+           true};
+    return c;
+  };
   if (requested == "grouped_mm") {
-    if (!s.grouped_mm)
-      refuse("at::_grouped_mm is sync-free only on a CUDA device of compute capability 9.0 to "
-             "10.x");
-    pick = {ExpertsBackend::GroupedMM, "asked for"};
-  } else if (requested == "cutlass") {
-    if (!s.cutlass)
-      refuse(cutlass_grouped_gemm_built()
-                 ? "the CUTLASS grouped GEMM needs a CUDA device of compute capability >= 8.0"
-                 : "this build has no CUTLASS kernel (nvcc and the nvidia-cutlass headers)");
-    pick = {ExpertsBackend::Cutlass, "asked for"};
-  } else if (requested == "loop") {
-    pick = {ExpertsBackend::Loop, "asked for; syncs once per layer and forward on CUDA"};
-  } else if (requested == "auto" && static_step && !device.is_cuda()) {
-    pick = {ExpertsBackend::GroupedMM,
-            "auto with compile.enable: the grouped layout with the CPU kernel, no host read"};
-  } else if (requested == "auto") {
-    pick = auto_backend(s, cc);
-  } else {
-    throw UserError("moe.experts_backend = \"" + requested +
-                    "\" is not a backend; allowed: auto, grouped_mm, cutlass, loop");
+    if (s.grouped_mm) return {ExpertsBackend::GroupedMM, "asked for"};
+    if (!device_could(cc, cutlass_built, ExpertsBackend::GroupedMM)) refuse(s.no_grouped_mm);
+    return fall_back(s.no_grouped_mm);
   }
-  log_info(std::string("=> MoE experts backend = ") + experts_backend_name(pick.first) + " on " +
-           where + " (" + pick.second + ")");
-  return pick.first;
+  if (requested == "cutlass") {
+    if (s.cutlass) return {ExpertsBackend::Cutlass, "asked for"};
+    if (!device_could(cc, cutlass_built, ExpertsBackend::Cutlass)) refuse(s.no_cutlass);
+    return fall_back(s.no_cutlass);
+  }
+  if (requested == "loop")
+    return {ExpertsBackend::Loop, "asked for; syncs once per layer and forward on CUDA"};
+  if (requested == "auto" && static_step && cc == 0)
+    return {ExpertsBackend::GroupedMM,
+            "auto with compile.enable: the grouped layout with the CPU kernel, no host read"};
+  if (requested == "auto") return auto_backend(s, cc, cutlass_built);
+  throw UserError("moe.experts_backend = \"" + requested +
+                  "\" is not a backend; allowed: auto, grouped_mm, cutlass, loop");
+}
+
+ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
+                                      bool static_step, const ExpertsGemmShape& shape) {
+  const int cc = cuda_compute_capability(device);
+  ExpertsChoice c =
+      choose_experts_backend(requested, cc, static_step, shape, cutlass_grouped_gemm_built());
+  const std::string where =
+      device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
+                             " (compute capability " + std::to_string(cc / 10) + "." +
+                             std::to_string(cc % 10) + ")"
+                       : "the CPU";
+  const std::string line = std::string("=> MoE experts backend = ") +
+                           experts_backend_name(c.backend) + " on " + where + " (" + c.reason +
+                           ")";
+  if (c.fell_back)
+    log_warn(line);
+  else
+    log_info(line);
+  return c.backend;
 }
 
 int64_t experts_alignment(ExpertsBackend b) {

@@ -24,15 +24,38 @@ const char* experts_backend_name(ExpertsBackend b);
 // The grouped kernel of a grouped backend for tensors on `device` (Cpu off CUDA).
 GroupedKernel grouped_kernel(ExpertsBackend b, at::Device device);
 
-// Resolves moe.experts_backend ("auto", "grouped_mm", "cutlass" or "loop") for `device`.
-// auto: grouped_mm on CUDA compute capability 9.x and 10.x, cutlass on every other CUDA GPU
-// from 8.0 up (when the build holds it), loop on the CPU (where reading the counts is a memory
-// read, not a device sync) and below 8.0. Logs the choice and the reason. Throws UserError
-// when grouped_mm or cutlass is asked for where it cannot run.
+// The GEMM sizes and compute dtype of a model's routed experts: what the grouped kernels
+// need (sizes multiples of 8, bf16). The default (bf16, dim and hidden 8: every kernel fits)
+// is for tests and callers that know no model.
+struct ExpertsGemmShape {
+  int64_t dim = 8, hidden = 8;
+  at::ScalarType dtype = at::kBFloat16;
+};
+
+// A resolved moe.experts_backend and why; fell_back: a kernel was asked for (or auto would
+// have picked it) that the device has but the shapes or dtype cannot use.
+struct ExpertsChoice {
+  ExpertsBackend backend = ExpertsBackend::Loop;
+  std::string reason;
+  bool fell_back = false;
+};
+
+// Resolves moe.experts_backend ("auto", "grouped_mm", "cutlass" or "loop") for a device of
+// compute capability cc (0: the CPU). auto: grouped_mm on CUDA 9.x and 10.x, cutlass on every
+// other CUDA GPU from 8.0 up (when the build holds it), loop on the CPU (where reading the
+// counts is a memory read, not a device sync) and below 8.0. A grouped kernel whose device
+// fits but whose shapes (not multiples of 8) or dtype (not bf16) do not is never chosen:
+// the choice falls back to the other grouped kernel, else the loop, and says why (the loop
+// then exits 2 under compile.enable: check_compile_config). Throws UserError when grouped_mm
+// or cutlass is asked for on a device that cannot run it at all.
 // static_step (compile.enable): on the CPU, auto picks grouped_mm's layout with the CPU kernel,
 // the static step a captured GPU step runs (the loop's counts would break the capture check).
+ExpertsChoice choose_experts_backend(const std::string& requested, int cc, bool static_step,
+                                     const ExpertsGemmShape& shape, bool cutlass_built);
+// The same for `device`, logged (a warning when it fell back).
 ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
-                                      bool static_step = false);
+                                      bool static_step = false,
+                                      const ExpertsGemmShape& shape = {});
 // Compute capability major*10+minor of a CUDA device; 0 when CUDA is unavailable.
 int cuda_compute_capability(at::Device device);
 

@@ -76,10 +76,11 @@ at::Tensor cutlass_grouped(GemmForm form, const at::Tensor& a0, const at::Tensor
     args.K = b.size(2);
     TORCH_CHECK(a.size(1) == (form == GemmForm::NT ? args.K : args.N),
                 "cutlass grouped GEMM: inner dimensions differ");
-    out = at::empty({args.M, form == GemmForm::NT ? args.N : args.K}, a.options());
+    // Zeroed: rows past offs[E-1] belong to no group and the kernel never writes them; left
+    // as allocated they could hold NaN that a later product with a zero weight would spread.
+    // A memset of M x N bf16 costs far less than the GEMM that follows.
+    out = at::zeros({args.M, form == GemmForm::NT ? args.N : args.K}, a.options());
   }
-  // Rows past offs[E-1] belong to no group and stay unwritten, as with at::_grouped_mm (the
-  // aligned layout's last group runs to M).
   if (args.E == 0 || out.numel() == 0) return out;
   at::Tensor ws = at::empty({moe_detail::grouped_gemm_workspace_bytes(args.E)},
                             a.options().dtype(at::kByte));

@@ -177,6 +177,8 @@ class Model {
   // Extra per-log-step metrics (MoE load statistics). May read device values: it is only
   // called on log steps.
   virtual std::map<std::string, double> extra_metrics() { return {}; }
+  // The routed experts' resolved backend ("grouped_mm", "cutlass", "loop"); "" without experts.
+  virtual std::string experts_backend() const { return ""; }
   // Routed experts per MoE layer; 0 for a dense model.
   virtual int64_t num_experts() const { return 0; }
   // Expert parallelism: the MoE layers send their routed rows through `ex` (parallel/).

@@ -180,3 +180,19 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
   }
   std::printf("%s", table.c_str());
 }
+
+TEST_CASE("estimate: every shipped config with compile.enable on and off", "[app][estimate]") {
+  // issue 28 item 3: with compile.enable the MoE configs resolve the grouped experts, whose
+  // at::_grouped_mm had no meta kernel ("Cannot copy out of meta tensor", exit 1). Each config
+  // at world 8, each way, exits 0 with a per-rank peak.
+  std::vector<std::string> configs = {"configs/llama3_debug.toml", "configs/llama4_debug.toml",
+                                      "configs/deepseek_v3_debug.toml", "configs/llama3_8b.toml",
+                                      "test/core/config/torchtitan_v022/llama4_17bx16e.toml"};
+  for (const auto& c : configs)
+    for (const char* on : {"false", "true"}) {
+      auto r = estimate("--config " + c + " --world 8 --set compile.enable=" + on);
+      INFO(c << " compile.enable=" << on << "\n" << r.out);
+      CHECK(r.rc == 0);
+      CHECK_THAT(r.out, Catch::Matchers::Contains("GiB"));
+    }
+}

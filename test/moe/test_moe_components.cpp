@@ -312,6 +312,42 @@ TEST_CASE("moe experts: backend selection on CPU", "[moe]") {
   CHECK_THROWS_AS(select_experts_backend("fast", at::kCPU), UserError);
 }
 
+TEST_CASE("moe experts: the backend choice falls back at start when the shapes or dtype do not fit a kernel",
+          "[moe]") {
+  // issue 28 item 4: never a failed check inside the run. Devices by compute capability, a
+  // build with and without the CUTLASS kernel.
+  const ExpertsGemmShape ok{256, 512, at::kBFloat16};
+  const ExpertsGemmShape odd_k{256, 100, at::kBFloat16};  // hidden 100: not a multiple of 8
+  const ExpertsGemmShape odd_n{250, 512, at::kBFloat16};
+  const ExpertsGemmShape fp32{256, 512, at::kFloat};
+  // Where everything fits, the usual picks.
+  CHECK(choose_experts_backend("auto", 90, false, ok, true).backend == ExpertsBackend::GroupedMM);
+  CHECK(choose_experts_backend("auto", 80, false, ok, true).backend == ExpertsBackend::Cutlass);
+  CHECK(choose_experts_backend("cutlass", 90, false, ok, true).backend == ExpertsBackend::Cutlass);
+  CHECK_FALSE(choose_experts_backend("cutlass", 90, false, ok, true).fell_back);
+  // SM80, hidden 100: auto and an explicit cutlass take the loop and say why.
+  for (const char* req : {"auto", "cutlass"}) {
+    INFO(req);
+    ExpertsChoice c = choose_experts_backend(req, 80, false, odd_k, true);
+    CHECK(c.backend == ExpertsBackend::Loop);
+    CHECK(c.fell_back);
+    CHECK_THAT(c.reason, Contains("hidden 100") && Contains("multiples of 8"));
+  }
+  CHECK(choose_experts_backend("cutlass", 86, false, odd_n, true).backend == ExpertsBackend::Loop);
+  // fp32 compute: neither grouped kernel (both bf16-only) on SM90 either.
+  ExpertsChoice f = choose_experts_backend("grouped_mm", 90, false, fp32, true);
+  CHECK(f.backend == ExpertsBackend::Loop);
+  CHECK_THAT(f.reason, Contains("bf16") && Contains("mixed_precision_param"));
+  CHECK(choose_experts_backend("auto", 90, false, fp32, true).backend == ExpertsBackend::Loop);
+  // A device that cannot run the kernel at all is still refused, naming the key.
+  CHECK_THROWS_AS(choose_experts_backend("grouped_mm", 80, false, ok, true), UserError);
+  CHECK_THROWS_AS(choose_experts_backend("cutlass", 90, false, ok, false), UserError);
+  CHECK_THROWS_AS(choose_experts_backend("cutlass", 75, false, odd_k, true), UserError);
+  // The loop under compile.enable is refused at start by check_compile_config (exit 2); on
+  // the CPU the static step keeps the grouped layout whatever the shapes (the CPU kernel).
+  CHECK(choose_experts_backend("auto", 0, true, odd_k, true).backend == ExpertsBackend::GroupedMM);
+}
+
 TEST_CASE("moe dispatch: the aligned permute and combine are one gather each way", "[moe]") {
   // Reference: the unaligned permute/combine (rows in expert order) with the aligned rows
   // picked out by Dispatch::rows; exact (the same adds in the same order). Memory: the
