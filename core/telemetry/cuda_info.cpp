@@ -32,7 +32,16 @@ MemoryStats cuda_memory_stats(int device) {
   auto stats =
       c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   const auto& a = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-  return {a.current, a.peak};
+  const auto& r = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  MemoryStats m;
+  m.allocated = a.current;
+  m.peak = a.peak;
+  m.reserved = r.current;
+  return m;
+}
+
+void cuda_release_cached_memory() {
+  if (at::hasCUDA()) c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
 void cuda_reset_memory_peak(int device) {

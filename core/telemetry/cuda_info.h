@@ -26,6 +26,8 @@ void cuda_set_device(int device);
 // the last reset (zeros without CUDA).
 MemoryStats cuda_memory_stats(int device);
 void cuda_reset_memory_peak(int device);
+// Returns the caching allocator's unused cached blocks to the driver (no-op without CUDA).
+void cuda_release_cached_memory();
 // Free and total bytes of the current CUDA device as the driver sees them (zeros without CUDA).
 struct DeviceMemory {
   int64_t free = 0, total = 0;

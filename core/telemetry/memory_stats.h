@@ -12,6 +12,8 @@ struct MemoryStats {
   int64_t peak = 0;       // the most held at once since start (or the last reset)
   int64_t total = 0;      // bytes ever allocated since start: the difference over a call
                           // is what it allocated, temporaries included (never reset)
+  int64_t reserved = 0;   // CUDA: bytes the caching allocator holds from the driver (graph
+                          // pools included); 0 on the CPU
 };
 
 // Makes the counting allocator c10's CPU allocator. Idempotent; tensors allocated before
