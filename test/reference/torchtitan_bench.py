@@ -103,6 +103,9 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=8e-4)
     ap.add_argument("--warmup_steps", type=int, default=2, help="lr warm-up steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--oom_batch", type=int, default=0,
+                    help="a mode out of memory at --batch runs again at this batch (0: not)")
+    ap.add_argument("--out", default="", help="also write the JSON here, after every mode")
     a = ap.parse_args(argv)
     if a.compile is not None:
         a.modes = "compile" if a.compile else "eager"
@@ -264,7 +267,7 @@ def run_mode(a, mode, device, parallel_dims, peak_flops):
     """One fresh model, optimizer and Trainer; a.steps steps. Returns the mode's figures."""
     from torchtitan.tools import utils
 
-    r = {"mode": mode, "compile": mode == "compile", "tps": [], "step_s": [], "losses": [],
+    r = {"mode": mode, "compile": mode == "compile", "batch": a.batch, "tps": [], "step_s": [], "losses": [],
          "grad_norms": [], "error": None}
     t0 = time.time()
     try:
@@ -372,8 +375,19 @@ def main(argv=None):
            "import_s": round(time.time() - T_START, 2), "runs": []}
     for mode in a.modes:
         release(device)
-        out["runs"].append(run_mode(a, mode, device, parallel_dims, peak))
-    out["seconds"] = round(time.time() - T_START, 2)
+        r = run_mode(a, mode, device, parallel_dims, peak)
+        if r["error"] and "OutOfMemoryError" in r["error"] and 0 < a.oom_batch < a.batch:
+            # Out of memory is a figure; a smaller batch still gives a throughput.
+            out["runs"].append(r)
+            release(device)
+            r = run_mode(argparse.Namespace(**{**vars(a), "batch": a.oom_batch}), mode, device,
+                         parallel_dims, peak)
+        out["runs"].append(r)
+        out["seconds"] = round(time.time() - T_START, 2)
+        if a.out:  # after every mode: a run cut short by a timeout keeps what it measured
+            with open(a.out + ".tmp", "w") as f:
+                f.write(json.dumps(out) + "\n")
+            os.replace(a.out + ".tmp", a.out)
     print(json.dumps(out), flush=True)
     torch.distributed.destroy_process_group()
     return 0 if any(r["error"] is None for r in out["runs"]) else 1
