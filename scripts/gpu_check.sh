@@ -160,9 +160,10 @@ run_check() {
       --seq_len 32 --batch 1 --steps 2 --warmup 1 2>/dev/null | "$py" -c '
 import json, sys
 o = json.loads(sys.stdin.read().strip().splitlines()[-1]); r = o["runs"][0]
-print(f"[gpu_check] rehearsal: torchtitan {o[\"torchtitan\"]} from {o[\"torchtitan_path\"]}: "
-      f"{r[\"mode\"]} losses {r[\"losses\"]} error {r[\"error\"]}")' ||
-      echo "[gpu_check] rehearsal: the torchtitan driver FAILED on the CPU"
+print("[gpu_check] rehearsal: torchtitan", o["torchtitan"], "from", o["torchtitan_path"] + ":",
+      r["mode"], "losses", r["losses"], "error", r["error"])
+sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 else 1)' ||
+      { echo "[gpu_check] rehearsal: the torchtitan driver failed on the CPU: the pack is incomplete"; exit 1; }
   fi
   export GPU_CHECK_T0=$(date +%s)
   local t_start=$SECONDS budget="${GPU_CHECK_BUDGET:-480}"
