@@ -267,8 +267,8 @@ def run_mode(a, mode, device, parallel_dims, peak_flops):
     """One fresh model, optimizer and Trainer; a.steps steps. Returns the mode's figures."""
     from torchtitan.tools import utils
 
-    r = {"mode": mode, "compile": mode == "compile", "batch": a.batch, "tps": [], "step_s": [], "losses": [],
-         "grad_norms": [], "error": None}
+    r = {"mode": mode, "compile": mode == "compile", "batch": a.batch, "tps": [], "step_s": [],
+         "losses": [], "grad_norms": [], "error": None}
     t0 = time.time()
     try:
         torch.manual_seed(a.seed)
