@@ -22,7 +22,7 @@
 # failed, or skipped on a GPU machine.
 # Environment: TORCH_VENV (default /opt/torch/.venv), OUT (default /tmp/gpu_check_out),
 # GPU_CHECK_STEPS (space-separated step names: run only these), GPU_CHECK_BUDGET (seconds for
-# all steps, default 450: a step that would pass it is cut short or not run).
+# all steps, default 480: a step that would pass it is cut short or not run).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -62,6 +62,19 @@ pack() {
   # One xz archive: Arrow alone is 60 MiB unpacked; the device tool carries 64 MiB in all.
   rm -rf "$g" && mkdir -p "$g"
   tar cf - -C "$s" . | xz -6 -T2 >"$g/payload.tar.xz"
+  # torchtitan (scripts/versions.env), the benchmarks' anchor: its py3-none-any wheel alone
+  # (0.4 MiB). The GPU machine has torch and reaches no registry; the driver stubs the
+  # training-only imports torchtitan's wheel would pull in (tyro, torchdata, datasets,
+  # tensorboard), so no other wheel is needed. Kept in the cache: a pack needs no network
+  # after the first.
+  local ttv
+  ttv="$(grep '^TORCHTITAN_VERSION=' "$root/scripts/versions.env" | cut -d= -f2)"
+  mkdir -p "$cache/wheels" "$g/wheels"
+  if ! ls "$cache/wheels/torchtitan-$ttv-"*.whl >/dev/null 2>&1; then
+    "$TITAN_PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 "torchtitan==$ttv" -d "$cache/wheels"
+  fi
+  cp "$cache/wheels/torchtitan-$ttv-"*.whl "$g/wheels/"
   {
     echo "BUILT_SOURCE_DIR=$root"
     echo "BUILT_BUILD_DIR=$build"
@@ -71,6 +84,8 @@ pack() {
   } >"$g/manifest.env"
   echo "[gpu_check] packed $(du -sh "$s" | cut -f1) as $(du -sh "$g/payload.tar.xz" | cut -f1) into $g (commit $(grep COMMIT "$g/manifest.env" | cut -d= -f2)):"
   (cd "$s" && ls -la build/titan-train build/test/titan_tests lib lib-fallback | grep -v '^total')
+  ls -la "$g/wheels" | grep -v '^total'
+  echo "[gpu_check] .gpu is $(du -sh "$g" | cut -f1) in all"
   rm -rf "$s"
 }
 
@@ -130,7 +145,28 @@ run_check() {
   # ctest's files name the build machine's paths: point them here.
   sed -i "s#$BUILT_BUILD_DIR#$root/.gpu/build#g; s#$BUILT_SOURCE_DIR#$root#g; s#$BUILT_PYTHON#$py#g" \
     .gpu/build/CTestTestfile.cmake .gpu/build/test/*.cmake
-  local t_start=$SECONDS budget="${GPU_CHECK_BUDGET:-450}"
+  # torchtitan, the benchmarks' anchor, from the carried wheel into a temporary folder that
+  # only the torchtitan runs put on PYTHONPATH. A pure wheel installs by unpacking (it has no
+  # .data folder); pip is not assumed (a uv-made venv may have none).
+  export TT_SITE=/tmp/gpu_check_tt_site
+  rm -rf "$TT_SITE"
+  local w
+  for w in .gpu/wheels/*.whl; do
+    [ -f "$w" ] && "$py" -m zipfile -e "$w" "$TT_SITE" && echo "[gpu_check] installed $(basename "$w") into $TT_SITE"
+  done
+  if [ "$rehearsal" = 1 ] && [ -d "$TT_SITE/torchtitan" ]; then
+    # No GPU here: the torchtitan driver runs 2 CPU steps of the debugmodel from that folder.
+    PYTHONPATH="$TT_SITE" "$py" test/reference/torchtitan_bench.py --device cpu --dtype fp32 \
+      --seq_len 32 --batch 1 --steps 2 --warmup 1 2>/dev/null | "$py" -c '
+import json, sys
+o = json.loads(sys.stdin.read().strip().splitlines()[-1]); r = o["runs"][0]
+print("[gpu_check] rehearsal: torchtitan", o["torchtitan"], "from", o["torchtitan_path"] + ":",
+      r["mode"], "losses", r["losses"], "error", r["error"])
+sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 else 1)' ||
+      { echo "[gpu_check] rehearsal: the torchtitan driver failed on the CPU: the pack is incomplete"; exit 1; }
+  fi
+  export GPU_CHECK_T0=$(date +%s)
+  local t_start=$SECONDS budget="${GPU_CHECK_BUDGET:-480}"
   : >"$work/results.tsv"
 
   # step NAME TIMEOUT FUNCTION: runs FUNCTION with its output in logs/NAME.log. Exit 0 passed,
@@ -170,9 +206,9 @@ run_check() {
   step preflight 30 step_preflight
   step cpu_smoke 60 step_cpu_smoke
   step gpu_tests 200 step_gpu_tests
-  step bench_llama3_1b 90 step_bench_llama3_1b
-  step bench_llama3_8b_4l 110 step_bench_llama3_8b_4l
-  step bench_deepseek_16b_4l 150 step_bench_deepseek
+  step bench_llama3_1b 200 step_bench_llama3_1b
+  step bench_llama3_8b_4l 220 step_bench_llama3_8b_4l
+  step bench_deepseek_16b_4l 280 step_bench_deepseek
   step bench_capture 60 step_bench_capture
   summarize "$work" "$out" "$t_start"
 }
@@ -209,15 +245,61 @@ print(f"{sys.argv[2]}: tps {med('tps'):.0f} mfu {med('mfu'):.1f}% "
       f"loss {rows[0]['loss']:.2f}->{rows[-1]['loss']:.2f}", end=" ")
 PY
   }
-  # eager NAME ARGS...: test/reference/train_ref.py on CUDA, same shape; tokens/s and peak.
-  eager() {
-    local name=$1; shift
-    (cd "$root/test/reference" && "$py" train_ref.py --device cuda "$@") >"$work/runs/$name.json" || return 1
-    "$py" - "$work/runs/$name.json" "$name" >>"$FIG" <<'PY'
-import json, statistics, sys
-r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(f"{sys.argv[2]}: tps {statistics.median(r['tps'][2:] or r['tps']):.0f} "
-      f"peak {r.get('cuda_peak_gib', 0):.1f}GiB", end=" ")
+  # torchtitan NAME LIMIT ARGS...: torchtitan 0.2.2's own training step (model, AC, per-block
+  # compile, AMP, optimizer, loss, MFU: test/reference/torchtitan_bench.py; docs/gpu.md
+  # "torchtitan as the anchor") on CUDA with ARGS, eager then compiled (GPU_CHECK_TT_MODES) in
+  # one process, for at most LIMIT seconds and never into the last GPU_CHECK_TT_RESERVE
+  # seconds of the budget (the steps after it). Its JSON is rewritten after each mode, so a
+  # compile cut short keeps the eager figures. Fails when no mode gave a figure.
+  torchtitan() {
+    local name=$1 limit=$2; shift 2
+    local json="$work/runs/$name.json" log="$work/runs/$name.log" rc left
+    mkdir -p "$work/runs"
+    [ -d "${TT_SITE:-/nonexistent}/torchtitan" ] || { fig "$name: no torchtitan (.gpu/wheels empty: --pack again);"; return 1; }
+    left=$((budget - ($(date +%s) - GPU_CHECK_T0) - ${GPU_CHECK_TT_RESERVE:-90}))
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 30 ] && { fig "$name: not run, the budget is spent;"; return 1; }
+    PYTHONPATH="$TT_SITE" timeout --kill-after=10 "$limit" "$py" "$root/test/reference/torchtitan_bench.py" \
+      --device cuda --modes "${GPU_CHECK_TT_MODES:-eager,compile}" --out "$json" "$@" >"$log" 2>&1
+    rc=$?
+    grep -E "^\[torchtitan_bench\]" "$log" | tail -14
+    case $rc in 124 | 137) fig "$name: cut at ${limit}s (exit $rc);" ;; esac
+    [ -s "$json" ] || { fig "$name: no figures (exit $rc);"; tail -20 "$log"; return 1; }
+    "$py" - "$json" "$name" >>"$FIG" <<'PY'
+import json, sys
+o, name = json.load(open(sys.argv[1])), sys.argv[2]
+for r in o["runs"]:
+    if r["error"]:
+        print(f"{name} {r['mode']} b{r['batch']}: {r['error'][:100]};", end=" ")
+        continue
+    print(f"{name} {r['mode']} b{r['batch']}: tps {r['tps_median']:.0f} mfu {r.get('mfu_pct', -1):.1f}% "
+          f"peak {r.get('peak_allocated_gib', 0):.1f}GiB first step {r['first_step_s']:.0f}s;", end=" ")
+sys.exit(0 if any(not r["error"] for r in o["runs"]) else 1)
+PY
+  }
+  # vs_torchtitan RUN BATCH TT_NAME: titan-train's run RUN (batch BATCH) over torchtitan's runs
+  # at the same batch: tokens/s (median after the first two logged steps, as train() reports)
+  # and peak allocated memory (titan-train's memory_peak_gib, torchtitan's
+  # max_memory_allocated), and each side's MFU by its own FLOPs count. A torchtitan run at
+  # another batch (after running out of memory) shows its tokens/s ratio, named as such.
+  vs_torchtitan() {
+    "$py" - "$work/runs/$1/metrics.jsonl" "$2" "$work/runs/$3.json" >>"$FIG" <<'PY' || fig "vs torchtitan: no figures;"
+import json, math, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+batch, tt = int(sys.argv[2]), json.load(open(sys.argv[3]))
+body = rows[2:] or rows[-1:]
+med = lambda k: statistics.median([r[k] for r in body if isinstance(r.get(k), (int, float)) and r[k] >= 0] or [math.nan])
+tps, mfu, peak = med("tps"), med("mfu"), max(r.get("memory_peak_gib") or 0 for r in rows)
+parts = []
+for r in tt["runs"]:
+    if r["error"]:
+        if "OutOfMemory" in r["error"] and r["batch"] == batch:
+            parts.append(f"torchtitan {r['mode']} out of memory at b{batch} (titan-train peak {peak:.1f}GiB)")
+        continue
+    at = "" if r["batch"] == batch else f" (torchtitan at b{r['batch']})"
+    mem = f" peak x{peak / r['peak_allocated_gib']:.2f}" if r["batch"] == batch and r.get("peak_allocated_gib") else ""
+    parts.append(f"{r['mode']}: tps x{tps / r['tps_median']:.2f}{mem}{at}, torchtitan MFU {r.get('mfu_pct', -1):.1f}%")
+print(f"titan-train b{batch} / torchtitan: MFU {mfu:.1f}%; " + "; ".join(parts or ["no torchtitan figure"]) + ";", end=" ")
 PY
   }
 }
@@ -271,16 +353,18 @@ if st["skipped"]: sys.exit(77 if rehearsal and not st["passed"] else 1)
 PY
 }
 
-# Batch sizes from `titan-train estimate --gpu h200` (docs/gpu.md): each model at a batch
-# eager PyTorch also fits, side by side, then titan-train at the batch that fills the H200.
+# Batch sizes from `titan-train estimate --gpu h200` (docs/gpu.md): titan-train at a batch
+# torchtitan may also fit and at the batch that fills the H200, then torchtitan itself at the
+# first (at half of it if it runs out of memory), eager and compiled, and the ratios.
 step_bench_llama3_1b() {
   need_gpu
   local m=(--config configs/llama3_debug.toml --model.flavor 1B --training.seq_len 4096
     --training.steps 8 --metrics.log_freq 1)
   train llama3_1b_b8 "${m[@]}" --training.local_batch_size 8 || exit 1
-  eager llama3_1b_b8_eager --steps 6 --batch 8 --seq_len 4096 --dim 2048 --n_layers 16 --n_heads 32 \
-    --n_kv_heads 8 --vocab 128256 --ffn_dim_multiplier 1.5 --multiple_of 256 || fig "eager: failed"
   train llama3_1b_b16 "${m[@]}" --training.local_batch_size 16 || exit 1
+  torchtitan llama3_1b_tt 100 --model llama3 --flavor 1B --seq_len 4096 --batch 8 --oom_batch 4 \
+    --steps 5 --warmup 2 || fig "torchtitan: failed;"
+  vs_torchtitan llama3_1b_b8 8 llama3_1b_tt
 }
 
 step_bench_llama3_8b_4l() {
@@ -288,10 +372,10 @@ step_bench_llama3_8b_4l() {
   local m=(--config configs/llama3_debug.toml --model.flavor 8B --model.n_layers 4 --training.seq_len 8192
     --activation_checkpoint.mode full --training.steps 6 --metrics.log_freq 1)
   train llama3_8b_4l_b8 "${m[@]}" --training.local_batch_size 8 || exit 1
-  eager llama3_8b_4l_b8_eager --steps 5 --batch 8 --seq_len 8192 --dim 4096 --n_layers 4 \
-    --n_heads 32 --n_kv_heads 8 --vocab 128256 --ffn_dim_multiplier 1.3 --multiple_of 1024 \
-    --ac full || fig "eager: failed"
   train llama3_8b_4l_b16 "${m[@]}" --training.local_batch_size 16 || exit 1
+  torchtitan llama3_8b_4l_tt 100 --model llama3 --flavor 8B --n_layers 4 --seq_len 8192 --ac full \
+    --batch 8 --oom_batch 4 --steps 5 --warmup 2 || fig "torchtitan: failed;"
+  vs_torchtitan llama3_8b_4l_b8 8 llama3_8b_4l_tt
 }
 
 step_bench_deepseek() {
@@ -301,6 +385,9 @@ step_bench_deepseek() {
   train dsv3_16b_4l_grouped "${m[@]}" --moe.experts_backend grouped_mm || exit 1
   train dsv3_16b_4l_cutlass "${m[@]}" --moe.experts_backend cutlass || fig "cutlass: failed"
   train dsv3_16b_4l_loop "${m[@]}" --moe.experts_backend loop || exit 1
+  torchtitan dsv3_16b_4l_tt 120 --model deepseek_v3 --flavor 16B --n_layers 4 --seq_len 4096 \
+    --batch 16 --oom_batch 8 --steps 5 --warmup 2 || fig "torchtitan: failed;"
+  vs_torchtitan dsv3_16b_4l_grouped 16 dsv3_16b_4l_tt
 }
 
 step_bench_capture() {
@@ -317,7 +404,7 @@ step_bench_capture() {
 summarize() {
   local work=$1 out=$2 t_start=$3
   "${py:-python3}" - "$work/results.tsv" "$out/gpu_check.json" "$((SECONDS - t_start))" "${GPU_CHECK_REHEARSAL:-0}" <<'PY'
-import json, sys
+import json, sys, textwrap
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 steps = [{"step": r[0], "status": r[1], "seconds": int(r[2]), "figures": r[3].strip()} for r in rows]
 rehearsal = sys.argv[4] == "1"
@@ -326,7 +413,11 @@ json.dump({"total_seconds": int(sys.argv[3]), "rehearsal": rehearsal, "ok": not 
           open(sys.argv[2], "w"), indent=1)
 print(f"\n{'step':24} {'status':8} {'s':>4}  figures")
 for s in steps:
-    print(f"{s['step']:24} {s['status']:8} {s['seconds']:4}  {s['figures'][:220]}")
+    # Wrapped, not cut: the benchmarks' figures end with their ratios against torchtitan.
+    lines = textwrap.wrap(s["figures"], 150) or [""]
+    print(f"{s['step']:24} {s['status']:8} {s['seconds']:4}  {lines[0]}")
+    for l in lines[1:]:
+        print(" " * 40 + l)
 print(f"total {sys.argv[3]}s: " + ("every step passed" if not bad else
       f"{len(bad)} step(s) failed or skipped: " + ", ".join(s["step"] for s in bad)))
 sys.exit(1 if bad else 0)
