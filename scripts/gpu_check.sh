@@ -283,7 +283,12 @@ step_bench_llama3_1b() {
   train llama3_1b_b8 "${m[@]}" --training.local_batch_size 8 || exit 1
   eager llama3_1b_b8_eager --steps 6 --batch 8 --seq_len 4096 --dim 2048 --n_layers 16 --n_heads 32 \
     --n_kv_heads 8 --vocab 128256 --ffn_dim_multiplier 1.5 --multiple_of 256 || fig "eager: failed"
-  train llama3_1b_b16 "${m[@]}" --training.local_batch_size 16 || exit 1
+  # Batch 16 needs ~102 GiB (`titan-train estimate --world 1`): H200 only, not an 80 GB H100.
+  if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -ge 120000 ]; then
+    train llama3_1b_b16 "${m[@]}" --training.local_batch_size 16 || exit 1
+  else
+    fig "b16: not run (needs ~102 GiB)"
+  fi
 }
 
 step_bench_llama3_8b_4l() {
@@ -300,10 +305,16 @@ step_bench_llama3_8b_4l() {
 # DeepSeek-V3 16B x 4 layers on the three experts backends, each asked for by name (cutlass
 # is allowed from SM80, SM90 included, when asked: moe/experts.cpp). Fails when a run fails or
 # ran another backend than asked; prints tokens/s ratios against grouped_mm.
+# Batch 16 needs ~92 GiB (`titan-train estimate --world 1`: 49 GiB of activations), which an
+# H200 holds and an 80 GB H100 does not: batch 8 (~65 GiB) there.
 step_bench_deepseek() {
   need_gpu
+  local mib batch=16
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "${mib:-0}" -lt 120000 ] && batch=8
+  fig "batch $batch x 4096;"
   local m=(--config configs/deepseek_v3_debug.toml --model.flavor 16B --model.n_layers 4
-    --training.seq_len 4096 --training.local_batch_size 16 --training.steps 8 --metrics.log_freq 1)
+    --training.seq_len 4096 --training.local_batch_size $batch --training.steps 8 --metrics.log_freq 1)
   local b rc=0
   for b in grouped_mm cutlass loop; do
     train "dsv3_16b_4l_$b" "${m[@]}" --moe.experts_backend "$b" || { fig "$b: failed"; rc=1; continue; }
