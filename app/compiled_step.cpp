@@ -173,6 +173,7 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
   mark(PhaseTimer::kOptimizerDone);
   bump_versions(model_);
   ++replays_;
+  comm_.replay();  // the replay ran the captured collectives without the host counting them
   r.loss = g.loss;
   r.grad_norm = g.grad_norm;
   return r;
@@ -199,6 +200,7 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
   g.fwdbwd = std::make_unique<at::cuda::CUDAGraph>();
   g.opt = std::make_unique<at::cuda::CUDAGraph>();
   const char* phase = "forward+backward";
+  comm_.begin();  // the collectives issued while capturing are recorded, not run
   try {
     g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     g.loss = forward_backward(model_, micro, o, sync_);
@@ -215,6 +217,7 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
                 " graph of the train step failed (run the same config on the CPU for the "
                 "capture check's diagnosis, or set compile.enable = false): ", e.what());
   }
+  comm_.end();
   ++captures_;
   std::ostringstream os;
   const double captured_reserved = static_cast<double>(cuda_memory_stats(dev).reserved) / gib;
@@ -223,6 +226,10 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
   os << "compile: captured the train step as 2 CUDA graphs after " << warm_
      << " eager warm-up steps (capture " << captures_ << "); reserved memory " << captured_reserved
      << " GiB captured against " << eager_reserved << " GiB after the eager warm-up";
+  if (!comm_.empty()) {
+    os << "; each replay runs the collectives the capture recorded:";
+    for (const auto& [kind, c] : comm_.record()) os << " " << kind << " " << c.calls;
+  }
   report_ = os.str();
 }
 

@@ -22,6 +22,7 @@
 
 #include "app/train_step.h"
 #include "core/train/capture_check.h"
+#include "parallel/comm_record.h"
 
 namespace titan {
 
@@ -45,8 +46,17 @@ class CompiledStep {
   // CPU: the check's one line ("capture check: N ops per step, static") once a step has
   // been compared with the reference, then empty. CUDA: "captured the train step ..." once.
   std::string take_report();
-  int64_t captures() const { return captures_; }  // CUDA captures so far (re-captures too)
+  // Cumulative counts since construction, for the metrics (compile_captures, ...). CUDA:
+  // captures (re-captures too) and replays of the step's graphs; a capture replays at once,
+  // so W warm-up steps and one capture over N steps give N - W replays. CPU: 0 and 0, and
+  // checked_steps, the steps the capture check compared with its reference (step 1 is
+  // warm-up, step 2 the reference: N - 2 over N steps of one shape); 0 on CUDA.
+  int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
+  int64_t checked_steps() const { return check_ ? check_->steps_compared() : 0; }
+  // The collectives one replay runs (those the capture issued; empty before a capture, or
+  // when the step has none): ProcessGroup::comm_counts gains them on every replay.
+  const CommRecord& comm_record() const { return comm_; }
 
  private:
   StepResult step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o);
@@ -63,6 +73,7 @@ class CompiledStep {
   std::string key_;   // input shapes and addresses of the current capture
   int64_t warm_ = 0;  // eager warm-up steps run for key_
   int64_t captures_ = 0, replays_ = 0;
+  CommRecord comm_;  // CUDA: the current capture's collectives
   bool reported_ = false;
   std::string report_;
 };

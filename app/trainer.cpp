@@ -541,7 +541,8 @@ int Trainer::train_loop() {
 
 // "=> collectives per step on this rank: all-gather 14.0 x 65.5 KiB; ... total 917.0 KiB per
 // step": the counted traffic of the loop (logging's all-reduces included), for layout
-// comparisons.
+// comparisons. Under compile.enable on CUDA each replay adds the collectives its capture
+// recorded (CompiledStep's CommRecord), so the figure equals the eager run's.
 void Trainer::log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                                 int64_t steps) const {
   if (!pg_ || steps <= 0) return;
@@ -611,6 +612,17 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   m.fwdbwd_ms = phases.fwdbwd_ms / steps_in;
   m.opt_ms = phases.opt_ms / steps_in;
   m.comm_wait_ms = ProcessGroup::take_comm_wait_ms() / steps_in;
+  if (compiled_) {
+    // A replayed step's collectives run inside the graph, where no wait can be timed (the
+    // wait events are left out of the capture): with such a step since the last line the
+    // mean is unknown, not the eager steps' alone (docs/compile.md).
+    const int64_t replays = compiled_->replays();
+    if (replays > replays_logged_ && !compiled_->comm_record().empty()) m.comm_wait_ms = -1;
+    replays_logged_ = replays;
+    m.compile_captures = compiled_->captures();
+    m.compile_replays = replays;
+    if (!cuda_) m.compile_checked_steps = compiled_->checked_steps();
+  }
   m.extra = model_->extra_metrics();
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {

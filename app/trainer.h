@@ -113,6 +113,7 @@ class Trainer {
   Clock::time_point t_last_log_;
   int64_t tokens_since_log_ = 0;
   double data_ms_ = 0;  // host time the steps waited for data, since the last log line
+  int64_t replays_logged_ = 0;  // compiled_->replays() at the last log line
   std::unique_ptr<PhaseTimer> phase_timer_;  // forward+backward and optimizer time per step
 };
 

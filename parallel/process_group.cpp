@@ -345,6 +345,16 @@ std::map<std::string, ProcessGroup::CommCount> ProcessGroup::comm_counts() {
   return g_counts;
 }
 
+void ProcessGroup::add_comm_counts(const std::map<std::string, CommCount>& counts,
+                                   int64_t times) {
+  std::lock_guard<std::mutex> lk(g_count_mu);
+  for (const auto& [kind, c] : counts) {
+    auto& g = g_counts[kind];
+    g.calls += times * c.calls;
+    g.bytes += times * c.bytes;
+  }
+}
+
 CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
                                  const std::string& what, std::function<void()> then) {
   const int64_t rank = impl_->global_rank;

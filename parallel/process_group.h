@@ -108,6 +108,9 @@ class ProcessGroup {
     int64_t calls = 0, bytes = 0;
   };
   static std::map<std::string, CommCount> comm_counts();
+  // Adds `times` x `counts` to comm_counts (negative `times` takes them out): collectives the
+  // host did not issue one by one, i.e. those a CUDA graph replays (parallel/comm_record.h).
+  static void add_comm_counts(const std::map<std::string, CommCount>& counts, int64_t times);
   // Sends in's dim-0 rows [sum(in_splits[:r]), +in_splits[r]) to rank r and receives rank r's
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,

@@ -105,7 +105,16 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   else
     os << std::setprecision(2) << m.mfu << "%";
   os << "  time(ms) data/fwdbwd/opt: " << std::setprecision(1) << m.data_ms << "/" << m.fwdbwd_ms
-     << "/" << m.opt_ms << "  comm_wait_ms: " << m.comm_wait_ms;
+     << "/" << m.opt_ms << "  comm_wait_ms: ";
+  if (m.comm_wait_ms < 0)
+    os << "n/a";
+  else
+    os << m.comm_wait_ms;
+  if (m.compile_checked_steps >= 0)
+    os << "  capture check: " << m.compile_checked_steps << " steps compared";
+  else if (m.compile_captures >= 0)
+    os << "  graphs: " << m.compile_captures << " captured, " << m.compile_replays
+       << " replays";
   log_info(os.str());
 
   nlohmann::json j;
@@ -124,7 +133,10 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   j["time_data_ms"] = m.data_ms;
   j["time_fwdbwd_ms"] = m.fwdbwd_ms;
   j["time_optimizer_ms"] = m.opt_ms;
-  j["comm_wait_ms"] = m.comm_wait_ms;
+  j["comm_wait_ms"] = m.comm_wait_ms < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.comm_wait_ms);
+  if (m.compile_captures >= 0) j["compile_captures"] = m.compile_captures;
+  if (m.compile_replays >= 0) j["compile_replays"] = m.compile_replays;
+  if (m.compile_checked_steps >= 0) j["compile_checked_steps"] = m.compile_checked_steps;
   for (auto& [k, v] : m.extra) j[k] = v;
   write_json(j.dump());
   if (tb_) {
@@ -141,7 +153,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     tb_->add_scalar("time_metrics/data_ms", m.data_ms, m.step);
     tb_->add_scalar("time_metrics/fwdbwd_ms", m.fwdbwd_ms, m.step);
     tb_->add_scalar("time_metrics/optimizer_ms", m.opt_ms, m.step);
-    tb_->add_scalar("time_metrics/comm_wait_ms", m.comm_wait_ms, m.step);
+    if (m.comm_wait_ms >= 0) tb_->add_scalar("time_metrics/comm_wait_ms", m.comm_wait_ms, m.step);
     for (auto& [k, v] : m.extra) tb_->add_scalar(k, v, m.step);
     tb_->flush();
   }

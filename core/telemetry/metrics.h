@@ -29,9 +29,15 @@ struct StepMetrics {
   double rss_gib = 0;
   std::string memory_kind = "cpu";  // "cpu" or "cuda"
   double data_ms = 0, fwdbwd_ms = 0, opt_ms = 0;
-  // Host time the step spent blocked on collectives that compute did not hide (per step,
-  // averaged over the steps since the last line); 0 for one process.
+  // Time the step spent blocked on collectives that compute did not hide (per step, averaged
+  // over the steps since the last line); 0 for one process. < 0: unknown, because a step
+  // since the last line was a CUDA-graph replay with collectives inside (no wait can be timed
+  // inside a graph): "n/a" on the line, null in metrics.jsonl.
   double comm_wait_ms = 0;
+  // compile.enable (docs/compile.md), cumulative since the start; < 0: not reported (compile
+  // off; checked_steps on CUDA). CUDA: captures and replays of the step's graphs. CPU:
+  // captures and replays 0, and the steps the capture check compared with its reference.
+  int64_t compile_captures = -1, compile_replays = -1, compile_checked_steps = -1;
   std::map<std::string, double> extra;  // e.g. per-layer MoE load statistics
 };
 

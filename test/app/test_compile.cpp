@@ -86,6 +86,27 @@ TEST_CASE("compile: the CPU capture check passes for llama3 and changes no loss"
   CHECK_THAT(checked.out, Contains("ops per step, static"));
   CHECK_THAT(checked.out, Contains("=> compile: no CUDA here"));
   check_same_losses(dir.file("eager"), dir.file("checked"));
+  // The compile counts in every metrics row (scripts/gpu_check.sh fails bench_capture on
+  // them): on the CPU no graph, so 0 captures and 0 replays, and the check compared every
+  // step after its warm-up (step 1) and reference (step 2). Not in an eager run's rows.
+  auto m = test::training_metrics(dir.file("checked") + "/metrics.jsonl");
+  REQUIRE(m.size() == 5);
+  for (auto& [step, j] : m) {
+    INFO("step " << step << ": " << j.dump());
+    REQUIRE(j.contains("compile_captures"));
+    REQUIRE(j.contains("compile_replays"));
+    REQUIRE(j.contains("compile_checked_steps"));
+    CHECK(j["compile_captures"].get<int64_t>() == 0);
+    CHECK(j["compile_replays"].get<int64_t>() == 0);
+    CHECK(j["compile_checked_steps"].get<int64_t>() == std::max<int64_t>(0, step - 2));
+    CHECK(j["comm_wait_ms"].get<double>() == 0);  // one process, no graph: known and 0
+  }
+  CHECK_THAT(checked.out, Contains("capture check: 3 steps compared"));
+  for (auto& [step, j] : test::training_metrics(dir.file("eager") + "/metrics.jsonl")) {
+    CHECK_FALSE(j.contains("compile_replays"));
+    CHECK_FALSE(j.contains("compile_checked_steps"));
+  }
+  CHECK_THAT(eager.out, !Contains("steps compared"));
 }
 
 TEST_CASE("compile: the CPU capture check passes under FSDP 2 and HSDP 2x2", "[compile][dist][app]") {
@@ -206,4 +227,50 @@ TEST_CASE("compile: EP 2 passes the CPU capture check with the static exchange, 
   CHECK(r.rc != 0);
   CHECK_THAT(r.out, Contains("moe.ep_exchange = \"exact\""));
   CHECK_THAT(r.out, Contains("exitcode  : 2"));
+}
+
+TEST_CASE("compile: the one-rank FSDP and expert-exchange layouts of the gpu capture test pass the CPU check",
+          "[compile][dist][moe][app]") {
+  // The layouts test_gpu.cpp captures over one-rank NCCL, here over one-rank gloo on the CPU:
+  // the check finds no host read and no collective changing size on their paths (FSDP
+  // forced over one rank with 2 micro-batches; DDP with the static expert exchange over the
+  // world), and the collectives are counted.
+  test::TempDir dir("compile_one_rank");
+  struct Case {
+    const char* name;
+    const char* env;
+    const char* args;
+    const char* log_must_have;
+    const char* collective;
+  };
+  const Case cases[] = {
+      {"fsdp", "TITAN_FORCE_FSDP=1",
+       "--config configs/llama3_debug.toml --training.local_batch_size 2 "
+       "--training.global_batch_size 4",
+       "FSDP, dp_replicate 1 x dp_shard 1", "reduce-scatter"},
+      {"ep", "TITAN_FORCE_EP=1",
+       "--config configs/deepseek_v3_debug.toml --training.local_batch_size 2 "
+       "--moe.ep_exchange static",
+       "the exchange runs over the world", "all-to-all"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto r = test::run("cd " + test::source_dir() + " && env " + c.env + " " +
+                         test::torchrun() + " --standalone --nproc_per_node 1 --no-python " +
+                         test::binary() + " " + kRun + c.args +
+                         " --training.device cpu --compile.enable true --job.dump_folder " +
+                         dir.file(c.name));
+      INFO(r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains("process group: gloo, 1 ranks"));
+      CHECK_THAT(r.out, Contains(c.log_must_have));
+      CHECK_THAT(r.out, Contains("ops per step, static"));
+      CHECK_THAT(r.out, Contains("=> collectives per step on this rank:") &&
+                            Contains(std::string(" ") + c.collective + " "));
+      auto m = test::training_metrics(dir.file(c.name) + "/metrics.jsonl");
+      REQUIRE(m.size() == 5);
+      CHECK(m.rbegin()->second["compile_checked_steps"].get<int64_t>() == 3);
+      CHECK(m.rbegin()->second["comm_wait_ms"].is_number());
+    }
+  }
 }

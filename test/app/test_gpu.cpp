@@ -3,7 +3,8 @@
 // - a non-logging train step makes no host synchronization (CUDA's sync-debug mode set to
 //   error) for llama3 and deepseek_v3 on grouped_mm;
 // - the three model families train on one GPU with finite, falling losses;
-// - NCCL process groups of one rank run DDP, FSDP and the expert-parallel exchange;
+// - NCCL process groups of one rank run DDP, FSDP and the expert-parallel exchange, and
+//   captured (compile.enable) FSDP and static exchange equal eager, with honest counts;
 // - a CUDA out-of-memory error exits 3 with its message, a GPU-less LOCAL_RANK exits 2.
 #include <catch2/catch.hpp>
 
@@ -190,6 +191,100 @@ TEST_CASE("gpu: NCCL process groups of one rank run DDP and FSDP and the expert 
     CHECK_THAT(r.out, Contains(c.log_must_have));
     CHECK_THAT(r.out, Contains("comm_wait_ms"));
     check_learning(dump, 4, 0.95);
+  }
+}
+
+// "=> collectives per step on this rank: ..." of a run's log (empty if absent).
+std::string collectives_line(const std::string& out) {
+  const auto at = out.find("=> collectives per step on this rank:");
+  if (at == std::string::npos) return "";
+  return out.substr(at, out.find('\n', at) - at);
+}
+
+TEST_CASE("gpu: captured FSDP and static expert exchange over one-rank NCCL equal eager",
+          "[gpu][compile][dist]") {
+  // compile.enable captures the step with its NCCL collectives inside the graphs (a one-rank
+  // NCCL group still launches real NCCL kernels): FSDP's gathers and reduce-scatters
+  // (TITAN_FORCE_FSDP), and DDP's bucket all-reduce with the static expert exchange's
+  // all-to-alls (TITAN_FORCE_EP). Against the same run eager, bf16 compute, 20 steps:
+  // - losses per step within 2e-2 relative (as test_compile_cuda.cpp: the same kernels, but
+  //   atomics in some backward kernels add in another order, and the difference compounds);
+  // - 1 capture and 17 replays (3 eager warm-up steps; the capture step replays at once);
+  // - the same "collectives per step" line: each replay counts what its capture recorded
+  //   (parallel/comm_record.h), and the capture is not counted twice;
+  // - comm_wait_ms unknown (null) on the rows with replays, measured on the eager ones.
+  if (const char* why = missing_gpu()) TITAN_SKIP(why);
+  test::TempDir dir("gpu-capture-comm");
+  const int64_t steps = 20, warmup = 3;
+  struct Case {
+    const char* name;
+    const char* env;
+    const char* args;
+    const char* log_must_have;
+  };
+  const Case cases[] = {
+      {"fsdp", "TITAN_FORCE_FSDP=1",
+       "--config configs/llama3_debug.toml --training.local_batch_size 4 "
+       "--training.global_batch_size 8",
+       "FSDP, dp_replicate 1 x dp_shard 1"},
+      {"ep", "TITAN_FORCE_EP=1",
+       "--config configs/deepseek_v3_debug.toml --training.local_batch_size 4 "
+       "--moe.ep_exchange static",
+       "the exchange runs over the world"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      const std::string common = std::string(c.args) + " --training.steps " +
+                                 std::to_string(steps) +
+                                 " --metrics.log_freq 1 --validation.enable false "
+                                 "--training.seq_len 256 --job.dump_folder ";
+      const std::string de = dir.file(std::string(c.name) + "_eager"),
+                        dc = dir.file(std::string(c.name) + "_captured");
+      auto eager = torchrun_one(c.env, common + de);
+      INFO(eager.out.substr(eager.out.size() > 3000 ? eager.out.size() - 3000 : 0));
+      REQUIRE(eager.rc == 0);
+      auto cap = torchrun_one(c.env, common + dc + " --compile.enable true");
+      INFO(cap.out.substr(cap.out.size() > 4000 ? cap.out.size() - 4000 : 0));
+      REQUIRE(cap.rc == 0);
+      for (const auto* out : {&eager.out, &cap.out}) {
+        CHECK_THAT(*out, Contains("nccl"));
+        CHECK_THAT(*out, Contains("bf16 compute"));
+        CHECK_THAT(*out, Contains(c.log_must_have));
+      }
+      CHECK_THAT(cap.out, Contains("captured the train step as 2 CUDA graphs"));
+      CHECK_THAT(cap.out, Contains("each replay runs the collectives the capture recorded"));
+
+      auto le = test::losses(de), lc = test::losses(dc);
+      REQUIRE(le.size() == static_cast<size_t>(steps));
+      REQUIRE(lc.size() == le.size());
+      double worst = 0;
+      for (auto& [step, loss] : le) {
+        INFO("step " << step << ": eager " << loss << " captured " << lc[step]);
+        CHECK(std::isfinite(lc[step]));
+        CHECK(std::abs(lc[step] - loss) <= 2e-2 * std::abs(loss));
+        worst = std::max(worst, std::abs(lc[step] - loss) / std::abs(loss));
+      }
+      WARN(c.name << ": largest relative loss difference captured vs eager: " << worst);
+
+      auto mc = test::training_metrics(dc + "/metrics.jsonl");
+      const auto& last = mc.rbegin()->second;
+      CHECK(last["compile_captures"].get<int64_t>() == 1);
+      CHECK(last["compile_replays"].get<int64_t>() == steps - warmup);
+      for (auto& [step, j] : mc) {
+        INFO("captured step " << step << ": " << j.dump());
+        // Rows of steps 1-3 are eager warm-up; from step 4 (capture + replay) each row's
+        // step was a replay with collectives, whose wait cannot be timed.
+        CHECK(j["comm_wait_ms"].is_null() == (step > warmup));
+      }
+      for (auto& [step, j] : test::training_metrics(de + "/metrics.jsonl"))
+        CHECK(j["comm_wait_ms"].is_number());
+
+      const std::string ce = collectives_line(eager.out), cc = collectives_line(cap.out);
+      INFO("eager:    " << ce << "\ncaptured: " << cc);
+      CHECK_FALSE(ce.empty());
+      CHECK_THAT(ce, Contains(c.name == std::string("fsdp") ? "reduce-scatter" : "all-to-all"));
+      CHECK(cc == ce);
+    }
   }
 }
 
