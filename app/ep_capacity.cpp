@@ -89,7 +89,7 @@ void EpCapacityControl::grow() {
     ex_->force_exact(true);
     os << "that is the cap (moe.ep_capacity_factor_max = " << p_.max_factor
        << "): the run continues eagerly with the exact exchange, without capture";
-    log_warn(os.str());
+    if (log_rank() == 0) log_warn(os.str());  // once for the run, not once per rank
     return;
   }
   const double g = std::min(f * p_.growth, p_.max_factor);
@@ -107,13 +107,15 @@ std::string EpCapacityControl::capture_key() const {
 
 std::map<std::string, double> EpCapacityControl::take_metrics() {
   std::map<std::string, double> m;
-  m["moe_ep_overflows"] = static_cast<double>(overflows_);
-  m["moe_ep_reruns"] = static_cast<double>(reruns_);
-  const double f = ex_->capacity_factor();
-  m["moe_ep_capacity_factor"] = std::isfinite(f) ? f : -1;  // -1: the worst case
-  m["moe_ep_capacity_rows"] = static_cast<double>(ex_->capacity_rows());
-  m["moe_ep_buffer_bytes"] = static_cast<double>(ex_->buffer_bytes());
-  m["moe_ep_exact_only"] = exact_only_ ? 1 : 0;
+  if (ex_->is_static() || exact_only_) {  // the exact exchange has no capacity to report
+    m["moe_ep_overflows"] = static_cast<double>(overflows_);
+    m["moe_ep_reruns"] = static_cast<double>(reruns_);
+    const double f = ex_->capacity_factor();
+    m["moe_ep_capacity_factor"] = std::isfinite(f) ? f : -1;  // -1: the worst case
+    m["moe_ep_capacity_rows"] = static_cast<double>(ex_->capacity_rows());
+    m["moe_ep_buffer_bytes"] = static_cast<double>(ex_->buffer_bytes());
+    m["moe_ep_exact_only"] = exact_only_ ? 1 : 0;
+  }
   const int64_t n = ex_->routed_rows();
   m["moe_ep_peak_pair_load"] =
       n > 0 ? static_cast<double>(peak_rows_) * static_cast<double>(ex_->size()) /
