@@ -250,7 +250,9 @@ class ProcessGroupExchange : public ExpertExchange {
         if (!overflow_.defined()) overflow_ = at::zeros({2}, idx);
         overflow_.select(0, 0).add_(r.dropped);
         at::Tensor peak = overflow_.select(0, 1);
-        peak.copy_(at::maximum(peak, per_dest.max()));
+        // amax over a dim, not max(): the CPU's all-element max fills its result from a host
+        // value, which the capture check rightly reads as a scalar changing between steps.
+        peak.copy_(at::maximum(peak, per_dest.amax(0)));
       }
     }
     at::Tensor send = at::cat({x, at::zeros({1, D}, x.options())}).index_select(0, send_idx);
