@@ -52,7 +52,8 @@ class Trainer {
   void apply_tp();
   void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                          int64_t steps) const;
-  // The expert-parallel exchange of moe.ep_exchange and moe.ep_capacity_factor.
+  // The expert-parallel exchange of moe.ep_exchange, ep_capacity_factor and ep_drop_policy
+  // (UserError: the drop policy with the exact exchange).
   EpExchangeOptions ep_options() const;
   // Installs the exchange over `group` in the model, with its capacity control.
   void set_expert_exchange(ProcessGroup& group);
