@@ -6,6 +6,7 @@
 
 #include "app/train_step.h"
 #include "core/base/log.h"
+#include "core/train/capture_check.h"
 
 namespace titan {
 namespace {
@@ -46,7 +47,11 @@ at::Tensor EpCapacityControl::settle(Model& model, AdamW& opt, const std::vector
   peak_rows_ = std::max(peak_rows_, ex_->take_exact_peak_rows());
   if (!flag_.defined()) return loss;
   // The step's one small host read, after the captured forward+backward.
-  at::Tensor host = flag_.to(at::kCPU);
+  at::Tensor host;
+  {
+    TITAN_HOST_READ_SCOPE();  // named in profiler traces
+    host = flag_.to(at::kCPU);
+  }
   const int64_t over = host[0].item<int64_t>();
   peak_rows_ = std::max(peak_rows_, host[1].item<int64_t>());
   if (over == 0) return loss;
