@@ -85,14 +85,23 @@ CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
 CompiledStep::~CompiledStep() = default;
 
 StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+  if (o.ep && o.ep->exact_only()) {
+    // Past the expert-parallel capacity cap the exact exchange runs, which reads its splits
+    // on the host: the step runs eagerly, neither captured nor checked (the cap's warning
+    // said so once).
+    if (graphs_) graphs_ = std::make_unique<Graphs>();  // releases the graphs and their pool
+    key_.clear();
+    return train_step(model_, opt_, micro, o, sync_);
+  }
   if (cuda_) return step_cuda(micro, o);
   StepOptions so = o;
   so.timer = nullptr;  // marked here, around the phases (host clock on the CPU: no ops)
   auto mark = [&o](PhaseTimer::Phase p) {
     if (o.timer) o.timer->mark(p);
   };
-  std::ostringstream key;  // the check's reference follows the input shapes only
+  std::ostringstream key;  // the check's reference follows the input shapes and capacity
   for (const auto& mb : micro) key << mb.tokens.sizes() << mb.labels.sizes() << ';';
+  if (so.ep) key << so.ep->capture_key();
   // As on CUDA: the lr is written before the step (outside what is checked), then the
   // phases run as the graphs would hold them. The numbers are train_step's.
   opt_.set_lr(so.lr);
@@ -100,8 +109,17 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOp
   check_->begin_step(key.str());
   StepResult r;
   r.loss = forward_backward(model_, micro, so, sync_);
-  mark(PhaseTimer::kForwardBackwardDone);
+  if (!so.ep) mark(PhaseTimer::kForwardBackwardDone);
   reduce_gradients(model_, sync_);
+  if (so.ep) {
+    // The overflow flag's reduction ends the first graph; its host read and an overflowed
+    // step's eager re-run sit between the graphs, outside the checked step.
+    so.ep->reduce_overflow();
+    check_->pause();
+    r.loss = so.ep->settle(model_, opt_, micro, so, sync_, r.loss);
+    check_->resume();
+    mark(PhaseTimer::kForwardBackwardDone);
+  }
   r.grad_norm = optimizer_phase(model_, opt_, so, sync_);
   const bool compared = check_->end_step();
   mark(PhaseTimer::kOptimizerDone);
@@ -134,7 +152,7 @@ void bump_versions(Model& model) {
 
 StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o) {
   Graphs& g = *graphs_;
-  const std::string key = step_inputs_key(micro);
+  const std::string key = step_inputs_key(micro) + (o.ep ? o.ep->capture_key() : "");
   if (key != key_) {  // new shapes or buffers (or the first step): warm up, then capture
     key_ = key;
     warm_ = 0;
@@ -168,13 +186,16 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
   };
   mark(PhaseTimer::kStart);
   g.fwdbwd->replay();
+  // Between the graphs: the expert-parallel overflow flag (one small read) and, if a pair
+  // overflowed, the step's eager re-run with the exact exchange into the same gradients.
+  at::Tensor loss = o.ep ? o.ep->settle(model_, opt_, micro, o, sync_, g.loss) : g.loss;
   mark(PhaseTimer::kForwardBackwardDone);
   g.opt->replay();
   mark(PhaseTimer::kOptimizerDone);
   bump_versions(model_);
   ++replays_;
   comm_.replay();  // the replay ran the captured collectives without the host counting them
-  r.loss = g.loss;
+  r.loss = loss;
   r.grad_norm = g.grad_norm;
   return r;
 }
@@ -205,6 +226,7 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
     g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     g.loss = forward_backward(model_, micro, o, sync_);
     reduce_gradients(model_, sync_);
+    if (o.ep) o.ep->reduce_overflow();  // the flag's all-reduce ends the first graph
     g.fwdbwd->capture_end();
     phase = "clip+AdamW";
     g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);

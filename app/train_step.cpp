@@ -85,8 +85,13 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   mark(PhaseTimer::kStart);
   StepResult r;
   r.loss = forward_backward(model, micro, o, grad_sync);
-  mark(PhaseTimer::kForwardBackwardDone);
+  if (!o.ep) mark(PhaseTimer::kForwardBackwardDone);
   reduce_gradients(model, grad_sync);
+  if (o.ep) {  // an overflowed step's re-run counts as forward+backward time
+    o.ep->reduce_overflow();
+    r.loss = o.ep->settle(model, opt, micro, o, grad_sync, r.loss);
+    mark(PhaseTimer::kForwardBackwardDone);
+  }
   r.grad_norm = optimizer_phase(model, opt, o, grad_sync);
   mark(PhaseTimer::kOptimizerDone);
   return r;

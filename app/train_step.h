@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "app/ep_capacity.h"
 #include "app/phase_timer.h"
 #include "core/config/config.h"
 #include "core/train/grad_sync.h"
@@ -21,6 +22,9 @@ struct StepOptions {
   double lr = 0;
   double max_norm = 0;       // <= 0: measure the norm, do not clip
   PhaseTimer* timer = nullptr;  // marks the phase boundaries (never synchronizes)
+  // Expert parallelism: the static exchange's overflow check and re-run between the phases
+  // (app/ep_capacity.h), and the exchange's metrics; nullptr without expert parallelism.
+  EpCapacityControl* ep = nullptr;
 };
 
 struct StepResult {
@@ -44,7 +48,9 @@ class StepInputs {
 
 // Forward and backward over the micro-batches (gradient accumulation), the gradient
 // reduction over data-parallel ranks (`sync`, none for one process), clipping, AdamW, then the
-// model's own post-step update (MoE expert bias). The step's objective is the mean token
+// model's own post-step update (MoE expert bias). With `o.ep`, between the gradient reduction
+// and the optimizer the static exchange's overflow flag is read and an overflowed step's
+// forward+backward run again with the exact exchange (app/ep_capacity.h). The step's objective is the mean token
 // loss of the global batch plus the mean over its sequences of the model's auxiliary loss,
 // whatever the layout: each rank's share is divided by the global token count and by
 // (micro-batches x dp ranks) respectively, and `sync` sums the shares. Nothing here reads

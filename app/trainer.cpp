@@ -256,7 +256,23 @@ EpExchangeOptions Trainer::ep_options() const {
   const std::string& x = cfg_.moe.ep_exchange;
   o.fixed = x == "static" || (x == "auto" && cfg_.compile.enable);
   o.capacity_factor = cfg_.moe.ep_capacity_factor;
+  o.drop_policy = cfg_.moe.ep_drop_policy == "probs" ? EpDropPolicy::Probs : EpDropPolicy::None;
+  if (o.drop_policy == EpDropPolicy::Probs && !o.fixed)
+    throw UserError("moe.ep_drop_policy = \"probs\" drops rows over the static exchange's "
+                    "capacity, but moe.ep_exchange = \"" + x + "\" runs the exact exchange here, "
+                    "which drops nothing; allowed: ep_drop_policy = \"none\", or ep_exchange = "
+                    "\"static\" (\"auto\" with compile.enable)");
   return o;
+}
+
+void Trainer::set_expert_exchange(ProcessGroup& group) {
+  const EpExchangeOptions o = ep_options();
+  auto ex = make_expert_exchange(group, o);
+  model_->set_expert_exchange(ex);
+  EpCapacityPolicy p;
+  p.rerun = o.fixed && o.drop_policy == EpDropPolicy::None;
+  p.max_factor = std::max(cfg_.moe.ep_capacity_factor_max, o.capacity_factor);
+  ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
 }
 
 void Trainer::parallelize() {
@@ -274,12 +290,12 @@ void Trainer::parallelize() {
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
                       std::to_string(d_.dp_shard));
-    if (mesh_) model_->set_expert_exchange(make_expert_exchange(*mesh_->ep_group, ep_options()));
+    if (mesh_) set_expert_exchange(*mesh_->ep_group);
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {
     // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
     // collectives can be checked on a single GPU (scripts/gpu_check.sh).
-    model_->set_expert_exchange(make_expert_exchange(*mesh_->world, ep_options()));
+    set_expert_exchange(*mesh_->world);
     log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
   }
   if (fsdp_) {
@@ -492,6 +508,7 @@ int Trainer::train_loop() {
     data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
     o.timer = phase_timer_.get();
+    o.ep = ep_control_.get();
     ProcessGroup::count_comm_waits(true);
     StepResult r =
         compiled_ ? compiled_->step(micro, o) : train_step(*model_, *opt_, micro, o, grad_sync_);
@@ -624,6 +641,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     if (!cuda_) m.compile_checked_steps = compiled_->checked_steps();
   }
   m.extra = model_->extra_metrics();
+  if (ep_control_) m.extra.merge(ep_control_->take_metrics());
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {
     log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +

@@ -52,8 +52,11 @@ class Trainer {
   void apply_tp();
   void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                          int64_t steps) const;
-  // The expert-parallel exchange of moe.ep_exchange and moe.ep_capacity_factor.
+  // The expert-parallel exchange of moe.ep_exchange, ep_capacity_factor and ep_drop_policy
+  // (UserError: the drop policy with the exact exchange).
   EpExchangeOptions ep_options() const;
+  // Installs the exchange over `group` in the model, with its capacity control.
+  void set_expert_exchange(ProcessGroup& group);
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void load_hf_init();
   void setup_optimizer();
@@ -102,6 +105,7 @@ class Trainer {
   std::unique_ptr<LRSchedule> sched_;
 
   StepInputs inputs_;  // the step's persistent input buffers
+  std::unique_ptr<EpCapacityControl> ep_control_;  // expert parallelism (app/ep_capacity.h)
   std::unique_ptr<CompiledStep> compiled_;  // compile.enable: captured (CUDA) or checked (CPU)
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<MetricsLogger> metrics_;

@@ -26,6 +26,10 @@ void MoETransformer::after_optimizer_step() {
   moe_balance_step(moe_layers(), dp_allreduce_);
 }
 
+void MoETransformer::discard_step_state() {
+  for (auto* m : moe_layers()) m->discard_step();
+}
+
 std::vector<std::pair<std::string, at::Tensor>> MoETransformer::buffers() {
   std::vector<std::pair<std::string, at::Tensor>> b;
   for (auto* m : moe_layers()) {

@@ -22,6 +22,8 @@ class MoETransformer : public Model {
   at::Tensor aux_loss() override;
   // Expert-bias update from the token counts of this step, summed over data-parallel ranks.
   void after_optimizer_step() override;
+  // Every MoE layer's discard_step().
+  void discard_step_state() override;
   // layers.<l>.moe.expert_bias and layers.<l>.moe.tokens_per_expert.
   std::vector<std::pair<std::string, at::Tensor>> buffers() override;
   // moe/layer<l>/max_mean_load_ratio and moe/layer<l>/dead_experts since the last log step.

@@ -88,7 +88,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
 
   at::Tensor out_sorted;
   if (ep_) {
-    out_sorted = expert_parallel_experts(routed, w1, w2, w3, d, mode, recompute);
+    out_sorted = expert_parallel_experts(routed, top_sorted, w1, w2, w3, d, mode, recompute);
   } else if (grouped) {
     out_sorted = grouped_experts(routed, w1, w2, w3, d, args_.backend);
   } else {
@@ -144,9 +144,10 @@ void MoELayer::keep_pending(Mode mode, bool recompute, Pending p) {
   if (mode.checkpointed && !recompute) pending_.push_back(std::move(p));
 }
 
-at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
-                                             const at::Tensor& w2, const at::Tensor& w3,
-                                             const Dispatch& d, Mode mode, bool recompute) {
+at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at::Tensor& probs,
+                                             const at::Tensor& w1, const at::Tensor& w2,
+                                             const at::Tensor& w3, const Dispatch& d, Mode mode,
+                                             bool recompute) {
   // A recompute reuses its forward's exchanged counts (the routing is the same): no counts
   // exchange, and under the exact exchange no host read.
   std::optional<Pending> known = take_pending(recompute);
@@ -155,11 +156,12 @@ at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at:
     ref.recv_counts = known->recv_counts;
     ref.splits = known->splits;
   }
+  const bool counted = mode.training && !recompute;
   ExpertExchange::Received got =
-      ep_->dispatch(routed, d.counts, args_.top_k, known ? &ref : nullptr);
+      ep_->dispatch(routed, d.counts, probs, args_.top_k, counted, known ? &ref : nullptr);
   TORCH_CHECK(w1.size(0) * ep_->size() == args_.num_experts, "expert parallelism: this rank holds ",
               w1.size(0), " experts of ", args_.num_experts, " over ", ep_->size(), " ranks");
-  if (got.dropped.defined() && mode.training && !recompute) {
+  if (got.dropped.defined() && counted) {
     at::NoGradGuard ng;
     dropped_tokens.add_(got.dropped);
   }
@@ -204,6 +206,14 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
   // expects (their gradient is zero as well).
   if (got.has_empty_slots) y = y.masked_fill((got.local_expert == El).unsqueeze(1), 0);
   return y;
+}
+
+void MoELayer::discard_step() {
+  at::NoGradGuard ng;
+  tokens_per_expert.zero_();
+  dropped_tokens.zero_();
+  pending_.clear();
+  aux_ = at::Tensor();
 }
 
 at::Tensor MoELayer::take_aux_loss() {

@@ -76,6 +76,12 @@ class MoELayer {
   // last optimizer step (fp32 scalar), and the steps' sum since the last metrics read.
   at::Tensor dropped_tokens, dropped_since_log;
 
+  // Forgets what this step's training forwards accumulated, for a step that is run again
+  // (the static exchange overflowed, docs/moe.md): the token counts and dropped rows (both
+  // zero at the start of a step: the balance step moves and zeroes them), pending recompute
+  // values and the auxiliary loss.
+  void discard_step();
+
   // Values saved by checkpointed forwards for their recompute.
   size_t pending_recomputes() const { return pending_.size(); }
   void clear_pending() { pending_.clear(); }
@@ -89,9 +95,11 @@ class MoELayer {
   int64_t sw1_ = -1, sw2_ = -1, sw3_ = -1;
   // The routed experts under expert parallelism: rows out to the ranks holding their
   // experts, this rank's experts, rows home.
-  at::Tensor expert_parallel_experts(const at::Tensor& routed, const at::Tensor& w1,
-                                     const at::Tensor& w2, const at::Tensor& w3, const Dispatch& d,
-                                     Mode mode, bool recompute);
+  // probs: (N) each routed row's gate weight (the static exchange's drop policy ranks by it).
+  at::Tensor expert_parallel_experts(const at::Tensor& routed, const at::Tensor& probs,
+                                     const at::Tensor& w1, const at::Tensor& w2,
+                                     const at::Tensor& w3, const Dispatch& d, Mode mode,
+                                     bool recompute);
 
   // What a checkpointed forward leaves for its recompute, which then makes no host read and,
   // under EP, no counts exchange: the host integers of the layer's one named sync (the loop

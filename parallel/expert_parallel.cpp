@@ -69,6 +69,7 @@ at::Tensor rows_all_to_all(ProcessGroup& pg, const at::Tensor& x,
 
 // Exact: the host split sizes. Static: the gather index that brings the returned rows home.
 struct Plan {
+  bool fixed = false;
   std::vector<int64_t> in_splits, out_splits;  // rows sent to / received from each rank
   at::Tensor back;                             // static: (N) slot of each row, P*C if dropped
   int64_t capacity = 0;
@@ -80,32 +81,62 @@ class ProcessGroupExchange : public ExpertExchange {
   int64_t size() const override { return pg_.size(); }
   int64_t rank() const override { return pg_.rank(); }
 
-  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts, int64_t top_k,
-                    const Received* known) override {
+  Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts, const at::Tensor& probs,
+                    int64_t top_k, bool training, const Received* known) override {
     const int64_t P = pg_.size(), E = counts.size(0), El = E / P;
     TORCH_CHECK(El * P == E, "expert parallelism: ", E, " experts over ", P, " ranks");
-    Received r;
-    // 1. recv_counts[src * El + j] = rows rank src sends to local expert j: a constant-size
-    //    all-to-all that stays on the device (a recompute reuses the forward's).
-    r.recv_counts = known ? known->recv_counts : exchange_counts(counts, P, El);
+    rows_ = x_sorted.size(0);
+    top_k_ = top_k;
+    El_ = El;
+    row_bytes_ = x_sorted.size(1) * static_cast<int64_t>(x_sorted.element_size());
     if (!logged_) {  // once, at the first dispatch: what the receive buffers cost
       logged_ = true;
       log_info(ep_buffer_summary(opt_, x_sorted.size(0), top_k, P, El, x_sorted.size(1),
                                  x_sorted.element_size()));
     }
-    if (opt_.fixed) return dispatch_static(x_sorted, counts, top_k, r, P, El);
-    return dispatch_exact(x_sorted, counts, known, r, P, El);
+    Received r;
+    if (is_static()) return dispatch_static(x_sorted, counts, probs, top_k, training, known, r, P, El);
+    // 1. recv_counts[src * El + j] = rows rank src sends to local expert j: a constant-size
+    //    all-to-all that stays on the device (a recompute reuses the forward's).
+    r.recv_counts = known ? known->recv_counts : exchange_counts(counts, P, El);
+    return dispatch_exact(x_sorted, counts, known, training, r, P, El);
   }
 
   at::Tensor combine(const at::Tensor& y, const Received& r) override {
     const auto& plan = *static_cast<const Plan*>(r.plan.get());
-    if (!opt_.fixed)  // y is in arrival order, which is the reverse all-to-all's send order
+    if (!plan.fixed)  // y is in arrival order, which is the reverse all-to-all's send order
       return rows_all_to_all(pg_, y, plan.in_splits, plan.out_splits);
     const std::vector<int64_t> even(static_cast<size_t>(pg_.size()), plan.capacity);
     at::Tensor home = rows_all_to_all(pg_, y, even, even);
     // Dropped rows read the appended zero row.
     return at::cat({home, at::zeros({1, home.size(1)}, home.options())})
         .index_select(0, plan.back);
+  }
+
+  bool is_static() const override { return opt_.fixed && !exact_; }
+  void force_exact(bool on) override { exact_ = on; }
+  double capacity_factor() const override { return opt_.capacity_factor; }
+  void set_capacity_factor(double f) override { opt_.capacity_factor = f; }
+  int64_t capacity_rows() const override {
+    return rows_ ? ep_static_capacity(rows_, top_k_, pg_.size(), El_, opt_.capacity_factor) : 0;
+  }
+  int64_t buffer_bytes() const override { return pg_.size() * capacity_rows() * row_bytes_; }
+  int64_t routed_rows() const override { return rows_; }
+
+  at::Tensor reduce_overflow() override {
+    if (!overflow_.defined()) return at::Tensor();
+    at::NoGradGuard ng;
+    if (!agreed_.defined()) agreed_ = at::empty_like(overflow_);
+    agreed_.copy_(overflow_);
+    pg_.allreduce(agreed_, ReduceOp::Max);
+    overflow_.zero_();
+    return agreed_;
+  }
+
+  int64_t take_exact_peak_rows() override {
+    const int64_t p = exact_peak_;
+    exact_peak_ = 0;
+    return p;
   }
 
  private:
@@ -121,7 +152,8 @@ class ProcessGroupExchange : public ExpertExchange {
   // 2. The exact exchange's host read (the one named sync of expert parallelism per layer and
   //    forward): the split sizes; then the rows in variable splits.
   Received dispatch_exact(const at::Tensor& x_sorted, const at::Tensor& counts,
-                          const Received* known, Received& r, int64_t P, int64_t El) {
+                          const Received* known, bool training, Received& r, int64_t P,
+                          int64_t El) {
     const int64_t E = P * El;
     r.splits =
         known ? known->splits : counts_to_host(at::cat({counts.to(at::kLong), r.recv_counts}));
@@ -138,6 +170,8 @@ class ProcessGroupExchange : public ExpertExchange {
         plan->out_splits[static_cast<size_t>(s)] += c[E + s * El + j];
         r.host_local_counts[static_cast<size_t>(j)] += c[E + s * El + j];
       }
+    if (training)  // the pair load the static exchange would have had to hold (metrics)
+      for (int64_t n : plan->in_splits) exact_peak_ = std::max(exact_peak_, n);
     // 3. Rows out: x_sorted is in expert order, so each destination's rows are contiguous.
     r.rows = rows_all_to_all(pg_, x_sorted, plan->out_splits,
                              plan->in_splits);  // (R, D): [src][local expert]
@@ -150,39 +184,76 @@ class ProcessGroupExchange : public ExpertExchange {
     return r;
   }
 
-  // The static exchange: every pair sends `capacity` rows, the first rows of the source's
-  // block for that destination (in expert order), the rest zero; rows past capacity are
-  // dropped and counted. Nothing is read on the host.
-  Received dispatch_static(const at::Tensor& x, const at::Tensor& counts, int64_t top_k,
-                           Received& r, int64_t P, int64_t El) {
-    const int64_t N = x.size(0), D = x.size(1);
+  // The static exchange: every pair sends `capacity` rows, the rows of the source's block for
+  // that destination that it keeps (in expert order), the rest zero. Which rows a full pair
+  // keeps: the first by position (policy none: the pass is re-run exactly if any pair
+  // overflowed, so the choice never reaches the weights), or the highest router probability
+  // (policy probs). The sender counts per expert the rows it keeps and sends those counts,
+  // so the receiver lays out the slots without knowing the policy. Nothing is read on the
+  // host; every size is static (N, P, C).
+  Received dispatch_static(const at::Tensor& x, const at::Tensor& counts, const at::Tensor& probs,
+                           int64_t top_k, bool training, const Received* known, Received& r,
+                           int64_t P, int64_t El) {
+    const int64_t N = x.size(0), D = x.size(1), E = P * El;
     const int64_t C = ep_static_capacity(N, top_k, P, El, opt_.capacity_factor);
     auto plan = std::make_shared<Plan>();
+    plan->fixed = true;
     plan->capacity = C;
     at::Tensor send_idx;
     {
       at::NoGradGuard ng;
-      auto idx = r.recv_counts.options();
+      auto idx = counts.options().dtype(at::kLong);
       at::Tensor cnt = counts.to(at::kLong);
       at::Tensor per_dest = cnt.view({P, El}).sum(1);         // (P) rows for each rank
       at::Tensor dest_start = per_dest.cumsum(0) - per_dest;  // (P) their first row
-      at::Tensor q = at::arange(C, idx);
-      // Slot (p, q) reads row dest_start[p] + q, or the appended zero row N past the block.
-      send_idx = at::where(q.unsqueeze(0) < per_dest.unsqueeze(1),
-                           dest_start.unsqueeze(1) + q.unsqueeze(0), at::full({}, N, idx))
-                     .reshape({-1});
+      at::Tensor rows = at::arange(N, idx);
+      at::Tensor expert = at::searchsorted(cnt.cumsum(0), rows, false, true);  // (N)
+      at::Tensor dest = expert.div(El, "floor");                               // (N)
+      // Each row's rank in its destination's block: its position, or (probs) its place in
+      // the block sorted by probability, highest first (a stable sort by probability, then a
+      // stable sort by destination, which keeps that order inside each block).
+      at::Tensor rank_in_block;
+      if (opt_.drop_policy == EpDropPolicy::Probs && probs.defined()) {
+        at::Tensor by_prob =
+            std::get<1>(at::sort(probs.to(at::kFloat), /*stable=*/true, 0, /*descending=*/true));
+        at::Tensor order = by_prob.index_select(
+            0, std::get<1>(at::sort(dest.index_select(0, by_prob), /*stable=*/true, 0, false)));
+        at::Tensor d_order = dest.index_select(0, order);
+        rank_in_block =
+            at::empty_like(rows).index_copy_(0, order, rows - dest_start.index_select(0, d_order));
+      } else {
+        rank_in_block = rows - dest_start.index_select(0, dest);
+      }
+      at::Tensor keep = rank_in_block < C;  // (N) bool
+      at::Tensor keep_l = keep.to(at::kLong);
+      // Place of each kept row among its block's kept rows, in expert order: slot dest*C + it.
+      at::Tensor kc = at::cat({at::zeros({1}, idx), keep_l.cumsum(0)});  // (N + 1)
+      at::Tensor kpos = kc.narrow(0, 0, N) - kc.index_select(0, dest_start.index_select(0, dest));
+      plan->back = at::where(keep, dest * C + kpos, at::full({}, P * C, idx));
+      // Slot (p, q) reads its kept row, or the appended zero row N: the inverse of `back`,
+      // where each dropped row lands in a spare slot of its own past P*C (no duplicate index),
+      // cut off after.
+      send_idx = at::full({P * C + N}, N, idx)
+                     .index_copy_(0, at::where(keep, plan->back, P * C + rows), rows)
+                     .narrow(0, 0, P * C);
       r.dropped = (per_dest - C).clamp_min(0).sum();
-      // The receiver's layout: slot q of source s belongs to the local expert whose kept rows
-      // (the source's cumulative counts, cut at capacity) first exceed q; El past them.
-      at::Tensor kept_end = r.recv_counts.view({P, El}).cumsum(1).clamp_max(C);  // (P, El)
+      // The kept rows per expert go to their ranks instead of the counts: slot q of source s
+      // belongs to the local expert whose cumulative kept rows first exceed q; El past them.
+      at::Tensor kept = at::zeros({E}, idx).index_add_(0, expert, keep_l);
+      r.recv_counts = known ? known->recv_counts : exchange_counts(kept, P, El);
+      at::Tensor kept_end = r.recv_counts.view({P, El}).cumsum(1);  // (P, El), each <= C
+      at::Tensor q = at::arange(C, idx);
       r.local_expert = at::searchsorted(kept_end, q.unsqueeze(0).expand({P, C}).contiguous(),
                                         /*out_int32=*/false, /*right=*/true)
                            .reshape({-1});
-      // Where each of this rank's rows comes home: slot p*C + its place in p's block.
-      at::Tensor rows = at::arange(N, idx);
-      at::Tensor dest = at::searchsorted(cnt.cumsum(0), rows, false, true).div(El, "floor");
-      at::Tensor pos = rows - dest_start.index_select(0, dest);
-      plan->back = at::where(pos < C, dest * C + pos, at::full({}, P * C, idx));
+      if (training) {  // the step's overflow and its peak pair load, agreed at the step's end
+        if (!overflow_.defined()) overflow_ = at::zeros({2}, idx);
+        overflow_.select(0, 0).add_(r.dropped);
+        at::Tensor peak = overflow_.select(0, 1);
+        // amax over a dim, not max(): the CPU's all-element max fills its result from a host
+        // value, which the capture check rightly reads as a scalar changing between steps.
+        peak.copy_(at::maximum(peak, per_dest.amax(0)));
+      }
     }
     at::Tensor send = at::cat({x, at::zeros({1, D}, x.options())}).index_select(0, send_idx);
     const std::vector<int64_t> even(static_cast<size_t>(P), C);
@@ -195,6 +266,10 @@ class ProcessGroupExchange : public ExpertExchange {
   ProcessGroup& pg_;
   EpExchangeOptions opt_;
   bool logged_ = false;
+  bool exact_ = false;  // force_exact
+  int64_t rows_ = 0, top_k_ = 1, El_ = 1, row_bytes_ = 0;  // of the last dispatch
+  at::Tensor overflow_, agreed_;  // (2) int64: [rows over capacity, peak pair rows]
+  int64_t exact_peak_ = 0;
 };
 
 std::string mib(double bytes) {
@@ -213,6 +288,11 @@ int64_t ep_static_capacity(int64_t n, int64_t top_k, int64_t P, int64_t El, doub
   return std::max<int64_t>(1, std::min<int64_t>(worst, static_cast<int64_t>(c)));
 }
 
+int64_t ep_static_buffer_bytes(int64_t n, int64_t top_k, int64_t P, int64_t El, int64_t dim,
+                               int64_t elem_bytes, double factor) {
+  return P * ep_static_capacity(n, top_k, P, El, factor) * dim * elem_bytes;
+}
+
 std::string ep_buffer_summary(const EpExchangeOptions& o, int64_t n, int64_t top_k, int64_t P,
                               int64_t El, int64_t dim, int64_t elem_bytes) {
   const double row = static_cast<double>(dim * elem_bytes);
@@ -223,9 +303,17 @@ std::string ep_buffer_summary(const EpExchangeOptions& o, int64_t n, int64_t top
      << "; receive buffer per MoE layer and forward, " << n << " routed rows of " << dim
      << " over " << P << " ranks: static " << P * cap << " rows = " << mib(P * cap * row)
      << " (capacity " << cap << " rows per pair";
-  if (std::isfinite(o.capacity_factor)) os << ", factor " << o.capacity_factor;
-  os << "), static no-drop worst case " << mib(P * worst * row) << ", exact "
-     << mib(n * row) << " when balanced, up to " << mib(P * worst * row);
+  if (std::isfinite(o.capacity_factor))
+    os << ", factor " << o.capacity_factor;
+  else
+    os << ", the no-overflow worst case";
+  os << "), static worst case " << mib(P * worst * row) << ", exact " << mib(n * row)
+     << " when balanced, up to " << mib(P * worst * row);
+  if (o.fixed)
+    os << (o.drop_policy == EpDropPolicy::Probs
+               ? "; rows over capacity are dropped, lowest router probability first "
+                 "(moe.ep_drop_policy = probs)"
+               : "; a step that overflows is run again with the exact exchange (no drops)");
   return os.str();
 }
 

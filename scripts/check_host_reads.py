@@ -34,7 +34,8 @@ HOT_PATH = [
     "moe/*.cpp", "moe/*.h", "moe/*.cu",
     "core/train/functional.*", "core/kernels/ops*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
     "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
-    "app/train_step.*", "app/trainer.*", "app/compiled_step.*", "core/train/capture_check.*",
+    "app/train_step.*", "app/trainer.*", "app/compiled_step.*", "app/ep_capacity.*",
+    "core/train/capture_check.*",
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/flat_grad_allreduce.*",
     "parallel/expert_parallel.*", "parallel/process_group.*",
 ]
@@ -64,6 +65,11 @@ ALLOWED = {
         "validation steps only: the validation loss",
     ("app/trainer.cpp", "Trainer::load_hf_init"):
         "start-up only: the most bytes any rank read of the Hugging Face initial weights",
+    ("app/ep_capacity.cpp", "EpCapacityControl::settle"):
+        "the expert-parallel overflow flag: one 16-byte read per step, between the forward+backward "
+        "and the optimizer phases (outside both captured graphs; docs/moe.md, Dropless capture)",
+    ("app/ep_capacity.cpp", "grad_storage"):
+        "the gradients' addresses, to check the re-run keeps them (data_ptr; no read)",
     ("app/compiled_step.cpp", "step_inputs_key"):
         "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
 }

@@ -433,8 +433,8 @@ void validate_config(const JobConfig& cfg) {
         "allowed: llama3, deepseek_v3");
   if (!(cfg.moe.ep_capacity_factor > 0))
     throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
-                    " is not allowed; allowed: a factor > 0 (e.g. 1.25), or inf (the default: "
-                    "the no-drop worst case)");
+                    " is not allowed; allowed: a factor > 0 (e.g. 2, the default), or inf (the "
+                    "worst case, which never overflows)");
   if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
     throw UserError(
         "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "

@@ -146,7 +146,9 @@ struct CommSection {
 struct MoESection {
   std::string experts_backend;
   std::string ep_exchange;         // auto, static or exact (docs/moe.md)
-  double ep_capacity_factor = 0;   // inf: the no-drop worst case (the default)
+  double ep_capacity_factor = 0;   // x the balanced share; inf: the worst case (docs/moe.md)
+  double ep_capacity_factor_max = 0;  // the cap of its growth after repeated overflows
+  std::string ep_drop_policy;         // none (re-run overflowed steps exactly) or probs
   double load_balance_coeff = 0;
   double seq_aux_loss_coeff = 0;
 };

@@ -382,11 +382,22 @@ void moe_options(std::vector<Option>& out) {
         "(variable splits, one host read of the counts per layer), or auto (static when "
         "compile.enable, else exact)")
       .choices({"auto", "static", "exact"});
-  s.add("ep_capacity_factor", &MoESection::ep_capacity_factor, kNoMax,
+  s.add("ep_capacity_factor", &MoESection::ep_capacity_factor, 2.0,
         "Static exchange: rows per (source, destination) pair = ceil(factor * tokens * top_k / "
-        "ep), at most the worst case (rows over it are dropped and counted in "
-        "moe_dropped_tokens); > 0, inf: the no-drop worst case")
+        "ep), i.e. factor x the balanced share, at most the worst case; a step that overflows "
+        "is run again with the exact exchange (unless ep_drop_policy drops); inf: the worst "
+        "case, which never overflows")
       .range(0.0, kNoMax);
+  s.add("ep_capacity_factor_max", &MoESection::ep_capacity_factor_max, 4.0,
+        "Static exchange: repeated overflows (4 in 100 steps) grow the capacity factor x1.5 up "
+        "to this cap (at least ep_capacity_factor); past it the run continues eagerly with the "
+        "exact exchange")
+      .range(0.0, kNoMax);
+  s.add("ep_drop_policy", &MoESection::ep_drop_policy, "none",
+        "Static exchange, rows over a pair's capacity: none (never dropped: the step is run "
+        "again with the exact exchange) or probs (dropped, lowest router probability first; "
+        "counted in moe_dropped_tokens)")
+      .choices({"none", "probs"});
   s.add("load_balance_coeff", &MoESection::load_balance_coeff, 1e-3,
         "Aux-loss-free expert-bias update speed; 0 turns balancing off")
       .range(0.0, kNoMax);

@@ -182,9 +182,29 @@ void CaptureCheck::begin_step(const std::string& inputs_key) {
                    at::RecordScope::USER_SCOPE}));
 }
 
+void CaptureCheck::pause() {
+  if (!rec_ || rec_->handle == 0) return;
+  at::removeCallback(rec_->handle);
+  rec_->handle = 0;
+  t_rec = nullptr;
+}
+
+void CaptureCheck::resume() {
+  if (!rec_ || rec_->handle != 0) return;
+  t_rec = rec_.get();
+  t_modules.clear();
+  t_bwd_modules.clear();
+  t_device_reader = 0;
+  rec_->handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(&on_enter, &on_exit)
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                   at::RecordScope::USER_SCOPE}));
+}
+
 bool CaptureCheck::end_step() {
   if (!rec_) return false;  // a warm-up step
-  at::removeCallback(rec_->handle);
+  if (rec_->handle != 0) at::removeCallback(rec_->handle);
   t_rec = nullptr;
   std::unique_ptr<Recording> rec = std::move(rec_);
   if (!rec->host_reads.empty())

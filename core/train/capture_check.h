@@ -61,6 +61,12 @@ class CaptureCheck {
   // Compares the step with the reference; throws UserError naming the op, the module and
   // the reason on a break. Returns true once a step has been compared and found equal.
   bool end_step();
+  // Stops and restarts recording inside a step, around work that runs between the two
+  // captured graphs on CUDA (the host read of the expert-parallel overflow flag and an
+  // overflowed step's eager re-run, docs/moe.md): it is outside both graphs, so it is not
+  // part of the checked step.
+  void pause();
+  void resume();
 
   const std::vector<CapturedOp>& reference() const { return reference_; }
   int64_t ops_per_step() const { return static_cast<int64_t>(reference_.size()); }

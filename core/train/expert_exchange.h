@@ -51,13 +51,40 @@ class ExpertExchange {
   virtual int64_t size() const = 0;  // ep ranks; rank r holds experts [r*E/size, (r+1)*E/size)
   virtual int64_t rank() const = 0;
   // x_sorted: (N, D) rows in global expert order, N = tokens * top_k; counts: (E) rows per
-  // expert (device). known: an earlier Received of the same counts (a recompute); its
-  // counts are reused, so the counts exchange (and, exact, its host read) is skipped.
+  // expert (device); probs: (N) the router probability (gate weight) of each row, which the
+  // static exchange's drop policy ranks by. known: an earlier Received of the same counts (a
+  // recompute); its counts are reused, so the counts exchange (and, exact, its host read) is
+  // skipped. training: a training forward's first dispatch of these rows (not a recompute,
+  // not an evaluation), whose rows over capacity count as the step's overflow.
   virtual Received dispatch(const at::Tensor& x_sorted, const at::Tensor& counts,
-                            int64_t top_k, const Received* known) = 0;
+                            const at::Tensor& probs, int64_t top_k, bool training,
+                            const Received* known) = 0;
   // y: (R, D) expert outputs in the order of Received::rows -> (N, D) in x_sorted's order
   // (rows dropped over capacity: zero).
   virtual at::Tensor combine(const at::Tensor& y, const Received& r) = 0;
+
+  // ---- The static exchange's bounded capacity (docs/moe.md, "Dropless capture").
+  // Rows travel in fixed-capacity splits: the static exchange, not switched to exact.
+  virtual bool is_static() const { return false; }
+  // true: the exact exchange runs instead of the static one until called with false (the
+  // eager re-run of a step that overflowed, or a run past the capacity cap).
+  virtual void force_exact(bool on) { (void)on; }
+  virtual double capacity_factor() const { return 0; }
+  virtual void set_capacity_factor(double factor) { (void)factor; }
+  // Rows per (source, destination) pair at the current factor, and the static receive
+  // buffer's bytes per MoE layer and forward (P * capacity rows); 0 before the first dispatch.
+  virtual int64_t capacity_rows() const { return 0; }
+  virtual int64_t buffer_bytes() const { return 0; }
+  // A collective over the ep group, at the end of a step's forward+backward (inside the
+  // captured work): (2) int64 on the device, the maximum over ep ranks of [rows over capacity
+  // in this rank's training dispatches since the last call, the most rows any of them sent
+  // one destination]; the accumulators restart. Undefined when no static dispatch ran.
+  virtual at::Tensor reduce_overflow() { return at::Tensor(); }
+  // Exact exchange: the most rows a training dispatch sent one destination since the last
+  // call (host, read anyway with the splits); 0 under the static exchange.
+  virtual int64_t take_exact_peak_rows() { return 0; }
+  // Rows routed per rank in the last dispatch (N), for the metrics' balanced share N / P.
+  virtual int64_t routed_rows() const { return 0; }
 };
 
 }  // namespace titan

@@ -171,6 +171,10 @@ class Model {
   virtual at::Tensor aux_loss() { return at::Tensor(); }
   // Called once per optimizer step, after the optimizer (MoE expert-bias update).
   virtual void after_optimizer_step() {}
+  // Forgets what the step's training forwards accumulated (MoE token counts, dropped rows,
+  // values saved for recompute), for a step whose forward+backward is run again (an
+  // overflow of the static expert-parallel exchange, docs/moe.md).
+  virtual void discard_step_state() {}
   // Named training state that is not a parameter (MoE expert biases, token counts), saved
   // with checkpoints. The tensors are the live ones: loading copies into them.
   virtual std::vector<std::pair<std::string, at::Tensor>> buffers() { return {}; }

@@ -222,6 +222,37 @@ TEST_CASE("compile: EP 2 passes the CPU capture check with the static exchange, 
   INFO(ok.out);
   REQUIRE(ok.rc == 0);
   CHECK_THAT(ok.out, Contains("ops per step, static"));
+  // Dropless capture: at capacity factor 0.25 every step overflows; the flag's host read and
+  // the eager re-run with the exact exchange sit between the phases, outside the checked
+  // step, so the check still passes (steps 3 and 4 are compared with step 2); the fourth
+  // overflow grows the factor to 0.375 (a new reference from step 5). The losses and grad
+  // norms equal the run at the worst-case capacity, which never overflows, to 1e-6 (both run
+  // the grouped CPU kernel; the re-run is the exact exchange with it).
+  auto small = torchrun_train(2, base + "--moe.ep_capacity_factor 0.25 --job.dump_folder " +
+                                     dir.file("small"));
+  INFO(small.out);
+  REQUIRE(small.rc == 0);
+  CHECK_THAT(small.out, Contains("ops per step, static"));
+  CHECK_THAT(small.out, Contains("capacity factor -> 0.375"));
+  auto worst = torchrun_train(2, base + "--moe.ep_capacity_factor inf --job.dump_folder " +
+                                     dir.file("worst"));
+  INFO(worst.out);
+  REQUIRE(worst.rc == 0);
+  auto ms = test::training_metrics(dir.file("small") + "/metrics.jsonl"),
+       mw = test::training_metrics(dir.file("worst") + "/metrics.jsonl");
+  REQUIRE(ms.size() == 5);
+  REQUIRE(mw.size() == 5);
+  double overflows = 0;
+  for (auto& [step, j] : ms) {
+    INFO("step " << step);
+    const double l = j["loss"].get<double>(), lw = mw[step]["loss"].get<double>();
+    const double n = j["grad_norm"].get<double>(), nw = mw[step]["grad_norm"].get<double>();
+    CHECK(std::abs(l - lw) <= 1e-6 * std::abs(lw));
+    CHECK(std::abs(n - nw) <= 1e-6 * std::abs(nw));
+    overflows += j["moe_ep_overflows"].get<double>();
+    CHECK(mw[step]["moe_ep_overflows"].get<double>() == 0);
+  }
+  CHECK(overflows >= 4);
   auto r = torchrun_train(2, base + "--moe.ep_exchange exact --job.dump_folder " + dir.file("exact"));
   INFO(r.out);
   CHECK(r.rc != 0);

@@ -1008,7 +1008,8 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
 
 TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep 2 and 4",
           "[dist][app][slow][moe]") {
-  // The static exchange at its default capacity (the no-drop worst case) moves the same rows
+  // The static exchange at the worst-case capacity (inf: it never overflows, so no step is
+  // re-run and the static path itself is what is compared) moves the same rows
   // to the same experts as the exact one, only through fixed-size all-to-alls and a layout
   // built on the device; the per-expert GEMMs see the same rows. Reference: the exact run;
   // tolerance 1e-5 on every step's loss and grad norm. DeepSeek-V3 also recomputes every
@@ -1026,6 +1027,7 @@ TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep
         test::TempDir dir("ex" + x + std::to_string(ep));
         auto r = torchrun_train(ep, cfg + common + "--parallelism.expert_parallel_degree " +
                                         std::to_string(ep) + " --moe.ep_exchange " + x +
+                                        " --moe.ep_capacity_factor inf" +
                                         " --job.dump_folder " + dir.path.string());
         INFO(model << " ep " << ep << " " << x << "\n" << r.out);
         REQUIRE(r.rc == 0);
@@ -1042,27 +1044,103 @@ TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep
   }
 }
 
-TEST_CASE("a static exchange at capacity factor 0.25 reports drops and trains on",
+namespace {
+
+// Metric `key` of every step of a run's metrics.jsonl (0 where absent).
+std::map<int64_t, double> metric(const std::string& file, const std::string& key) {
+  std::map<int64_t, double> out;
+  for (auto& [step, j] : test::training_metrics(file))
+    out[step] = j.contains(key) ? j[key].get<double>() : 0.0;
+  return out;
+}
+
+double total(const std::map<int64_t, double>& m) {
+  double t = 0;
+  for (auto& [step, v] : m) t += v;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exact exchange",
+          "[dist][app][moe]") {
+  // Dropless capture (docs/moe.md): at capacity factor 0.25 (a quarter of the balanced share
+  // per pair) every step overflows, is detected on the device, agreed over the ep group, and
+  // run again with the exact exchange, so the run equals the exact one. Reference: the exact
+  // exchange; 1e-6 relative on every step's loss and grad norm (the re-run is the exact
+  // step, so in practice bit-equal). EP 2 over 5 steps, the growth capped at the starting
+  // factor, so the fourth overflow switches the run to the exact exchange for good (said once);
+  // EP 4 over 3 steps at the default cap.
+  const std::string common =
+      "--config configs/deepseek_v3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
+      "--validation.enable false --metrics.enable_tensorboard false --debug.seed 3 "
+      "--training.local_batch_size 1 --training.device cpu ";
+  for (int ep : {2, 4}) {
+    const std::string steps = ep == 2 ? "5" : "3";
+    const std::string base = common + "--training.steps " + steps +
+                             " --parallelism.expert_parallel_degree " + std::to_string(ep) + " ";
+    test::TempDir exact_dir("ovx" + std::to_string(ep)), static_dir("ovs" + std::to_string(ep));
+    auto exact = torchrun_train(ep, base + "--moe.ep_exchange exact --job.dump_folder " +
+                                        exact_dir.path.string());
+    INFO(exact.out);
+    REQUIRE(exact.rc == 0);
+    auto st = torchrun_train(ep, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 " +
+                                     (ep == 2 ? "--moe.ep_capacity_factor_max 0.25 " : "") +
+                                     "--job.dump_folder " + static_dir.path.string());
+    INFO(st.out);
+    REQUIRE(st.rc == 0);
+    CHECK_THAT(st.out, Contains("is run again with the exact exchange (no drops)"));
+    auto a = read_metrics(exact_dir.file("metrics.jsonl")),
+         b = read_metrics(static_dir.file("metrics.jsonl"));
+    REQUIRE(a.size() == std::stoul(steps));
+    REQUIRE(b.size() == a.size());
+    auto [loss, norm] = worst_rel(a, b);
+    WARN("ep " << ep << " static 0.25 against exact: max relative loss difference " << loss
+               << ", grad norm " << norm);
+    CHECK(loss < 1e-6);
+    CHECK(norm < 1e-6);
+    auto over = metric(static_dir.file("metrics.jsonl"), "moe_ep_overflows");
+    auto reruns = metric(static_dir.file("metrics.jsonl"), "moe_ep_reruns");
+    CHECK(over[1] == 1);  // the first step overflows
+    CHECK(total(over) >= 3);
+    CHECK(total(reruns) == total(over));
+    CHECK(total(metric(static_dir.file("metrics.jsonl"), "moe_dropped_tokens")) == 0);
+    // The exact run measures the pair load the static exchange would have to hold.
+    CHECK(metric(exact_dir.file("metrics.jsonl"), "moe_ep_peak_pair_load")[1] > 0.25);
+    if (ep == 2) {
+      CHECK_THAT(st.out, Contains("continues eagerly with the exact exchange"));
+      CHECK(metric(static_dir.file("metrics.jsonl"), "moe_ep_exact_only")[5] == 1);
+    }
+  }
+}
+
+TEST_CASE("the probs drop policy drops and counts rows over capacity, and trains on",
           "[dist][app][moe]") {
   // At a quarter of the balanced load per (source, destination) pair most routed rows are
-  // dropped: the metric counts them (never silent) and the losses stay finite.
-  test::TempDir dir("cap025");
-  auto r = torchrun_train(2, "--config configs/deepseek_v3_debug.toml --training.seq_len 64 "
-                             "--metrics.log_freq 1 --validation.enable false "
-                             "--metrics.enable_tensorboard false --training.steps 3 "
-                             "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
-                             "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 "
-                             "--training.device cpu "
-                             "--job.dump_folder " + dir.path.string());
+  // dropped (lowest router probability first): the metric counts them (never silent), no
+  // step is re-run, and the losses stay finite. The policy with the exact exchange exits 2.
+  test::TempDir dir("probs025");
+  const std::string base =
+      "--config configs/deepseek_v3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
+      "--validation.enable false --metrics.enable_tensorboard false --training.steps 3 "
+      "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
+      "--moe.ep_drop_policy probs --training.device cpu ";
+  auto r = torchrun_train(2, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 "
+                                    "--job.dump_folder " + dir.path.string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
-  CHECK_THAT(r.out, Contains("capacity") && Contains("factor 0.25"));
+  CHECK_THAT(r.out, Contains("factor 0.25") && Contains("lowest router probability first"));
   auto steps = test::training_metrics(dir.file("metrics.jsonl"));
   REQUIRE(steps.size() == 3);
   for (auto& [step, j] : steps) {
     INFO("step " << step << ": " << j.dump());
     REQUIRE(j.contains("moe_dropped_tokens"));
     CHECK(j["moe_dropped_tokens"].get<double>() > 0);
+    CHECK(j["moe_ep_reruns"].get<double>() == 0);
     CHECK(std::isfinite(j["loss"].get<double>()));
   }
+  auto bad = torchrun_train(2, base + "--moe.ep_exchange exact --job.dump_folder " + dir.file("x"));
+  INFO(bad.out);
+  CHECK(bad.rc != 0);
+  CHECK_THAT(bad.out, Contains("moe.ep_drop_policy = \"probs\"") && Contains("exitcode  : 2"));
 }

@@ -6,7 +6,10 @@
 
 #include <unistd.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "core/config/config.h"
+#include "core/train/functional.h"
 #include "core/train/recompute.h"
 #include "moe/moe_layer.h"
 #include "parallel/expert_parallel.h"
@@ -121,10 +124,105 @@ TEST_CASE("expert exchange: static and exact agree, and a small capacity drops a
   std::vector<at::Tensor> w;
   for (auto& p : store.all()) w.push_back(p.value.detach().clone().requires_grad_());
   at::Tensor x = at::randn({2, 12, 16}).requires_grad_();
+  auto ex = make_expert_exchange(*pg, small);
+  moe.set_expert_exchange(ex);
   moe.forward(x, w, {true, false}).sum().backward();
   CHECK(moe.dropped_tokens.item<double>() == 48 - 12);
   CHECK(at::isfinite(x.grad()).all().item<bool>());
+  // The step's overflow, agreed over the (one-rank) group: 36 rows over capacity, and the
+  // pair's 48 rows as the peak load; the accumulators restart after the reduction.
+  at::Tensor flag = ex->reduce_overflow();
+  REQUIRE(flag.defined());
+  CHECK(flag[0].item<int64_t>() == 36);
+  CHECK(flag[1].item<int64_t>() == 48);
+  CHECK(ex->reduce_overflow()[0].item<int64_t>() == 0);
+  CHECK(ex->capacity_rows() == 12);
+  CHECK(ex->buffer_bytes() == 12 * 16 * 4);  // P * C rows of 16 fp32
   moe_balance_step({&moe}, nullptr);
   auto m = moe_load_metrics({{0, &moe}});
   CHECK(m.at("moe_dropped_tokens") == 36);
+}
+
+TEST_CASE("expert exchange: the probs drop policy keeps the most probable rows and its "
+          "gradients equal a masked dense reference",
+          "[moe][dist]") {
+  // One rank, E = 4, top-2, 24 tokens: N = 48 routed rows in one (source, destination) pair
+  // of capacity ceil(0.5 * 48) = 24, so half the (token, choice) pairs are dropped: the 24
+  // of lowest gate weight. Reference (C++, independent of the dispatch and the exchange):
+  // every expert's SwiGLU on every token, gathered by the routing, weighted by the gate
+  // weights (DeepSeek: after the experts) and masked where the pair is dropped, plus the
+  // shared expert. Output and every gradient within 1e-5 of the largest value; the dropped
+  // count is 24.
+  auto pg = one_rank_group(3);
+  for (const char* backend : {"loop", "grouped"}) {
+    INFO(backend);
+    MoEArgs a;
+    a.num_experts = 4;
+    a.top_k = 2;
+    a.score_func = ScoreFunc::Sigmoid;
+    a.score_before_experts = false;
+    a.backend = std::string(backend) == "loop" ? ExpertsBackend::Loop : ExpertsBackend::GroupedMM;
+    ParamStore store;
+    MoELayer moe(a, 16, 24, "moe.", store, at::kCPU, 0.1);
+    EpExchangeOptions o;
+    o.fixed = true;
+    o.capacity_factor = 0.5;
+    o.drop_policy = EpDropPolicy::Probs;
+    moe.set_expert_exchange(make_expert_exchange(*pg, o));
+    store.initialize(5);
+    std::vector<at::Tensor> w, wr;
+    for (auto& p : store.all()) {
+      w.push_back(p.value.detach().clone().requires_grad_());
+      wr.push_back(p.value.detach().clone().requires_grad_());
+    }
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+    at::Tensor x0 = at::randn({2, 12, 16}, gen), g = at::randn({2, 12, 16}, gen);
+    at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
+    at::Tensor y = moe.forward(x, w, {true, false});
+    y.backward(g);
+    CHECK(moe.dropped_tokens.item<double>() == 24);
+
+    // The reference. Weights in store order: gate, w1, w2, w3, shared w1, w2, w3.
+    at::Tensor xt = xr.reshape({24, 16});
+    Routing r = route_tokens(xt, wr[0], at::Tensor(), moe.expert_bias, a);
+    std::vector<at::Tensor> per_expert;
+    for (int64_t e = 0; e < 4; ++e) per_expert.push_back(swiglu(xt, wr[1][e], wr[2][e], wr[3][e]));
+    at::Tensor all = at::stack(per_expert, 1);  // (T, E, D)
+    at::Tensor chosen = all.gather(1, r.experts.unsqueeze(-1).expand({24, 2, 16}));  // (T, K, D)
+    at::Tensor flat = r.top_scores.detach().reshape({-1});
+    at::Tensor mask = at::zeros({48});
+    mask.index_fill_(0, std::get<1>(flat.topk(24)), 1.0);  // the 24 most probable pairs
+    at::Tensor wgt = (r.top_scores * mask.view({24, 2})).unsqueeze(-1);
+    at::Tensor yr = ((chosen * wgt).sum(1) + swiglu(xt, wr[4], wr[5], wr[6])).view({2, 12, 16});
+    yr.backward(g);
+    CHECK(test::rel_err(y.detach(), yr.detach()) < 1e-5);
+    CHECK(test::rel_err(x.grad(), xr.grad()) < 1e-5);
+    for (size_t i = 0; i < w.size(); ++i) {
+      INFO("weight " << i);
+      CHECK(test::rel_err(w[i].grad(), wr[i].grad()) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("expert exchange: DeepSeek-V3 671B's receive buffer at the default factor and the "
+          "worst case",
+          "[moe]") {
+  // The figures of docs/moe.md (what `titan-train estimate` should add for the exchange):
+  // DeepSeek-V3 671B (dim 7168, top-8 of 256 experts) at EP 64 of 256 ranks, seq_len 4096
+  // and one sequence per rank, bf16 rows. N = 4096 * 8 routed rows per rank, balanced share
+  // N / 64 = 512 rows per pair; worst case T * min(K, El) = 4096 * 4 rows per pair.
+  const int64_t T = 4096, K = 8, P = 64, El = 256 / 64, D = 7168, bf16 = 2;
+  const int64_t balanced = T * K * D * bf16;  // what the exact exchange receives, balanced
+  const int64_t at2 = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, 2.0);
+  const int64_t at4 = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, 4.0);
+  const int64_t worst = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, INFINITY);
+  WARN("DeepSeek-V3 671B, EP 64, 4096 tokens per rank, bf16: receive buffer per MoE layer and "
+       "forward " << at2 / 1048576 << " MiB at factor 2, " << at4 / 1048576
+       << " MiB at the cap 4, " << worst / 1048576 << " MiB worst case (balanced "
+       << balanced / 1048576 << " MiB); x58 MoE layers: " << 58 * at2 / 1048576 << " MiB vs "
+       << 58 * worst / 1048576 << " MiB");
+  CHECK(at2 == 2 * balanced);
+  CHECK(at4 == 4 * balanced);
+  CHECK(worst == 32 * balanced);
+  CHECK(ep_static_capacity(T * K, K, P, El, 2.0) == 1024);
 }
