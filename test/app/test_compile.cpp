@@ -107,12 +107,12 @@ TEST_CASE("compile: the CPU capture check passes for every model in every layout
   const std::string tp2 = "--parallelism.tensor_parallel_degree 2 ";
   const std::vector<Layout> layouts = {
       {"tp2", 2, tp2, "dp_replicate 1 x dp_shard 1 x tp 2 (ep 1", false},
-      {"fsdp2", 2, "", "dp_replicate 1 x dp_shard 2 x tp 1 (ep 1", false},
-      {"ep2", 2, ep2, "dp_replicate 1 x dp_shard 2 x tp 1 (ep 2", true},
-      {"hsdp2x2", 4, rep2, "dp_replicate 2 x dp_shard 2 x tp 1 (ep 1", false},
+      {"fsdp2", 2, "", "dp_replicate 1 x dp_shard 2 (ep 1", false},
+      {"ep2", 2, ep2, "dp_replicate 1 x dp_shard 2 (ep 2", true},
+      {"hsdp2x2", 4, rep2, "dp_replicate 2 x dp_shard 2 (ep 1", false},
       {"fsdp2_tp2", 4, tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 1", false},
       {"ep2_tp2", 4, ep2 + tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 2", true},
-      {"ep2_hsdp2x2", 4, ep2 + rep2, "dp_replicate 2 x dp_shard 2 x tp 1 (ep 2", true},
+      {"ep2_hsdp2x2", 4, ep2 + rep2, "dp_replicate 2 x dp_shard 2 (ep 2", true},
   };
   for (const char* model : {"llama3", "llama4", "deepseek_v3"})
     for (const Layout& l : layouts) {
