@@ -127,6 +127,41 @@ class WaitTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// Waits for `work`, then, on gloo, until this caller holds the only reference to it, and drops
+// it: when this returns, the backend references none of the collective's tensors. gloo
+// completes a work (its waiters wake) on a worker thread that still holds the work, and with
+// it the tensors (the work's inputs and outputs, its future's value, its profiling inputs),
+// until it finishes its bookkeeping and takes the next one; on a busy machine that thread can
+// wait for a core that long. A tensor the caller passed in therefore had a use count that
+// depended on thread timing, and the autograd engine, which sums two incoming gradients of a
+// tensor in place (add_) only when it holds the last reference to the first one (else add),
+// ran different ops from step to step: the capture check's "aten::add ... (the reference
+// step ran aten::add_)". NCCL's watchdog holds eager works until the device has run them;
+// waiting for that would block the host, so NCCL is left as it is (docs/compile.md).
+void finish_work(c10::intrusive_ptr<c10d::Work> work, bool cuda, std::chrono::milliseconds timeout,
+                 int64_t rank, const char* what) {
+  try {
+    work->wait(cuda ? std::chrono::milliseconds(0) : timeout);
+  } catch (const std::exception& e) {
+    die(rank, what, e);
+  }
+  if (cuda) return;
+  // The worker lets go a few microseconds after the wake-up unless it lost its core; the
+  // bound only turns a broken assumption (another holder) into an error instead of a hang.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int spin = 0; work.use_count() > 1; ++spin) {
+    if (spin < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      die(rank, what,
+          std::runtime_error("gloo's worker thread still held the finished collective after "
+                             "the timeout (" + std::to_string(work.use_count()) + " references)"));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                int64_t rank, int64_t size, bool cuda, bool loopback,
                                                std::chrono::milliseconds timeout) {
@@ -279,15 +314,16 @@ void ProcessGroup::allreduce(at::Tensor& t, ReduceOp op) {
   if (!impl_->backend) return;
   count_comm("all-reduce", t);
   WaitTimer timer(impl_->cuda);
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op == ReduceOp::Sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-    impl_->backend->allreduce(v, o)->wait(impl_->cuda ? std::chrono::milliseconds(0)
-                                                      : impl_->op_timeout);
+    work = impl_->backend->allreduce(v, o);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-reduce", e);
   }
+  finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "all-reduce");
 }
 
 void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
@@ -295,25 +331,28 @@ void ProcessGroup::broadcast(at::Tensor& t, int64_t root) {
   if (!impl_->backend) return;
   count_comm("broadcast", t);
   WaitTimer timer(impl_->cuda);
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    impl_->backend->broadcast(v, o)->wait(impl_->cuda ? std::chrono::milliseconds(0)
-                                                      : impl_->op_timeout);
+    work = impl_->backend->broadcast(v, o);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "broadcast", e);
   }
+  finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "broadcast");
 }
 
 void ProcessGroup::barrier() {
   if (!impl_->backend) return;
   WaitTimer timer(impl_->cuda);
+  c10::intrusive_ptr<c10d::Work> work;
   try {
-    impl_->backend->barrier()->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
+    work = impl_->backend->barrier();
   } catch (const std::exception& e) {
     die(impl_->global_rank, "barrier", e);
   }
+  finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "barrier");
 }
 
 bool CommWork::ready() const { return !ready_ || ready_(); }
@@ -362,14 +401,16 @@ CommWork ProcessGroup::make_work(const c10::intrusive_ptr<c10d::Work>& work,
   // enforces the timeout); a bounded wait would block the host. gloo: bounded.
   const auto timeout = impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout;
   CommWork w;
-  w.cuda_ = impl_->cuda;
-  w.ready_ = [work] { return work->isCompleted(); };
-  w.wait_ = [work, rank, timeout, what, then = std::move(then)] {
-    try {
-      work->wait(timeout);
-    } catch (const std::exception& e) {
-      die(rank, what, e);
-    }
+  const bool cuda = impl_->cuda;
+  w.cuda_ = cuda;
+  // ready_ borrows the work that wait_ owns (CommWork::wait drops both together), so that
+  // finish_work sees wait_'s reference as the only one of this process's code.
+  c10d::Work* raw = work.get();
+  w.ready_ = [raw] { return raw->isCompleted(); };
+  // An init-capture: a plain capture of the const reference would be a const member, which
+  // std::move would copy, and finish_work would then wait for its own copy to go away.
+  w.wait_ = [held = work, rank, timeout, cuda, what, then = std::move(then)]() mutable {
+    finish_work(std::move(held), cuda, timeout, rank, what.c_str());
     if (then) then();
   };
   return w;
@@ -481,15 +522,16 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
     return;
   }
   count_comm("all-to-all", in);
+  WaitTimer timer(impl_->cuda);
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
-    WaitTimer timer(impl_->cuda);
-    impl_->backend->alltoall_base(out, src, os, is)
-        ->wait(impl_->cuda ? std::chrono::milliseconds(0) : impl_->op_timeout);
+    work = impl_->backend->alltoall_base(out, src, os, is);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-to-all", e);
   }
+  finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "all-to-all");
 }
 
 void ProcessGroup::store_set(const std::string& key, const std::string& value) {

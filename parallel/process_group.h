@@ -31,9 +31,15 @@ enum class ReduceOp { Sum, Max };
 // failure ends the process like a blocking collective) and then runs its completion, once.
 // ready() says, without blocking, whether wait() would return at once. On NCCL the
 // collective runs on NCCL's stream and wait() only orders the current stream after it.
+// Move-only: on gloo, wait() returns once the backend has released the collective, which it
+// recognises by holding the last reference to it (a copy would hold another).
 class CommWork {
  public:
   CommWork() = default;
+  CommWork(CommWork&&) = default;
+  CommWork& operator=(CommWork&&) = default;
+  CommWork(const CommWork&) = delete;
+  CommWork& operator=(const CommWork&) = delete;
   bool pending() const { return static_cast<bool>(wait_); }
   bool ready() const;
   void wait();
@@ -74,7 +80,11 @@ class ProcessGroup {
 
   // Collectives, each waited for before returning. A failure or a timeout (a peer died or
   // hangs) ends this process with status 1 at once: unwinding would wait on the backend's
-  // threads, which wait on the dead peer.
+  // threads, which wait on the dead peer. On gloo, when a collective (or CommWork::wait)
+  // returns, the backend holds no reference to its tensors: the autograd engine sums two
+  // gradients of one tensor in place only when it holds the last reference, so a reference
+  // that gloo's worker thread dropped a moment later made the step's ops depend on thread
+  // timing (docs/compile.md, "A timing-dependent step").
   void allreduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   void broadcast(at::Tensor& t, int64_t root = 0);
   void barrier();

@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <unordered_map>
 
@@ -137,6 +138,25 @@ std::string where(const CapturedOp& op) {
   return op.name + (op.module.empty() ? " (in the step itself)" : " in " + op.module);
 }
 
+// TITAN_CAPTURE_CHECK_CONTEXT=N: on a break, the N ops before and after the first difference
+// in both steps, with their shapes, on stderr (a debugging aid: the message names one op).
+void print_context(const std::vector<CapturedOp>& want, const std::vector<CapturedOp>& got,
+                   size_t at) {
+  const char* e = std::getenv("TITAN_CAPTURE_CHECK_CONTEXT");
+  const long n = e ? std::atol(e) : 0;
+  if (n <= 0) return;
+  const size_t lo = at > static_cast<size_t>(n) ? at - static_cast<size_t>(n) : 0;
+  for (const auto* ops : {&want, &got}) {
+    std::fprintf(stderr, "capture check: %s step, ops %zu..%zu:\n",
+                 ops == &want ? "reference" : "this", lo, at + static_cast<size_t>(n));
+    for (size_t i = lo; i < std::min(ops->size(), at + static_cast<size_t>(n) + 1); ++i) {
+      const CapturedOp& op = (*ops)[i];
+      std::fprintf(stderr, "%s %zu %s | %s| %s\n", i == at ? ">>" : "  ", i, where(op).c_str(),
+                   op.shapes.c_str(), op.scalars.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 ModuleScope::ModuleScope(const char* name) {
@@ -218,6 +238,8 @@ bool CaptureCheck::end_step() {
   for (size_t i = 0; i < std::min(ops.size(), reference_.size()); ++i) {
     const CapturedOp &got = ops[i], &want = reference_[i];
     const std::string at = "op " + std::to_string(i) + " ";
+    if (got.name != want.name || got.shapes != want.shapes || got.scalars != want.scalars)
+      print_context(reference_, ops, i);
     if (got.name != want.name)
       fail(at + where(got) + ": the op sequence changed between steps (the reference step ran " +
            where(want) + " here; control flow depends on data or host state)");

@@ -7,7 +7,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "app/compiled_step.h"
 #include "core/base/errors.h"
@@ -109,26 +111,69 @@ TEST_CASE("compile: the CPU capture check passes for llama3 and changes no loss"
   CHECK_THAT(eager.out, !Contains("steps compared"));
 }
 
-TEST_CASE("compile: the CPU capture check passes under FSDP 2 and HSDP 2x2", "[compile][dist][app]") {
-  test::TempDir dir("compile_dist");
-  const std::string base = "--config configs/llama3_debug.toml --compile.enable true ";
+// Every model in every layout it allows, and each pair of layouts that fits in 4 ranks
+// (HSDP x TP needs 8: not run here). 3 steps: warm-up, reference, one compared step.
+// `mesh` is the start-up line's layout, so each section proves its layout was the one run.
+TEST_CASE("compile: the CPU capture check passes for every model in every layout",
+          "[compile][dist][app]") {
+  test::TempDir dir("compile_layouts");
   struct Layout {
     const char* name;
     int nproc;
-    std::string flags;
+    std::string flags, mesh;
+    bool moe_only;
   };
-  for (const Layout& l :
-       {Layout{"fsdp2", 2, "--training.local_batch_size 2"},
-        Layout{"hsdp22", 4,
-               "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2"}}) {
-    DYNAMIC_SECTION(l.name) {
-      auto r = torchrun_train(l.nproc, base + l.flags + " --job.dump_folder " + dir.file(l.name));
-      INFO(r.out);
-      REQUIRE(r.rc == 0);
-      CHECK_THAT(r.out, Contains("ops per step, static"));
-      CHECK_THAT(r.out, Contains(l.nproc == 2 ? "FSDP" : "HSDP"));
+  const std::string ep2 = "--parallelism.expert_parallel_degree 2 ";
+  const std::string rep2 = "--parallelism.data_parallel_replicate_degree 2 ";
+  const std::string tp2 = "--parallelism.tensor_parallel_degree 2 ";
+  const std::vector<Layout> layouts = {
+      {"tp2", 2, tp2, "dp_replicate 1 x dp_shard 1 x tp 2 (ep 1", false},
+      {"fsdp2", 2, "", "dp_replicate 1 x dp_shard 2 (ep 1", false},
+      {"ep2", 2, ep2, "dp_replicate 1 x dp_shard 2 (ep 2", true},
+      {"hsdp2x2", 4, rep2, "dp_replicate 2 x dp_shard 2 (ep 1", false},
+      {"fsdp2_tp2", 4, tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 1", false},
+      {"ep2_tp2", 4, ep2 + tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 2", true},
+      {"ep2_hsdp2x2", 4, ep2 + rep2, "dp_replicate 2 x dp_shard 2 (ep 2", true},
+  };
+  for (const char* model : {"llama3", "llama4", "deepseek_v3"})
+    for (const Layout& l : layouts) {
+      if (l.moe_only && std::string(model) == "llama3") continue;
+      DYNAMIC_SECTION(model << " " << l.name) {
+        const std::string folder = dir.file(std::string(model) + "_" + l.name);
+        auto r = torchrun_train(l.nproc, std::string("--config configs/") + model +
+                                              "_debug.toml --compile.enable true --training.steps 3 "
+                                              "--training.local_batch_size 1 " + l.flags +
+                                              "--job.dump_folder " + folder);
+        INFO(r.out);
+        REQUIRE(r.rc == 0);
+        CHECK_THAT(r.out, Contains(l.mesh));
+        CHECK_THAT(r.out, Contains("ops per step, static"));
+      }
     }
-  }
+}
+
+// The layout of issue 28 item 6 (a break once in twelve runs on a busy machine: gloo's worker
+// thread still held a gradient an all-gather had read, so autograd summed into it out of
+// place, docs/compile.md), run while this process keeps both cores busy. The deterministic
+// check of the cause is test/parallel/test_process_group.cpp; this run is the end-to-end one.
+TEST_CASE("compile: the CPU capture check of TP 2 passes on busy cores", "[compile][dist][app]") {
+  test::TempDir dir("compile_busy");
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i)
+    busy.emplace_back([&stop] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  auto r = torchrun_train(2, "--config configs/deepseek_v3_debug.toml --compile.enable true "
+                             "--training.steps 6 --training.local_batch_size 2 "
+                             "--parallelism.tensor_parallel_degree 2 --job.dump_folder " +
+                                 dir.file("tp2"));
+  stop = true;
+  for (auto& t : busy) t.join();
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("ops per step, static"));
 }
 
 TEST_CASE("compile: llama4 and deepseek_v3 pass the CPU capture check with the grouped CPU kernel",
@@ -213,15 +258,12 @@ TEST_CASE("compile: what cannot be captured exits 2 naming the key", "[compile][
   }
 }
 
-TEST_CASE("compile: EP 2 passes the CPU capture check with the static exchange, the exact one exits 2",
+TEST_CASE("compile: EP 2 re-runs overflowing steps exactly under the capture check and the exact exchange exits 2",
           "[compile][dist][moe][app]") {
+  // The static exchange at its default capacity is in "every model in every layout" above.
   test::TempDir dir("compile_ep");
   const std::string base = "--config configs/deepseek_v3_debug.toml --compile.enable true "
                            "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 ";
-  auto ok = torchrun_train(2, base + "--job.dump_folder " + dir.file("static"));
-  INFO(ok.out);
-  REQUIRE(ok.rc == 0);
-  CHECK_THAT(ok.out, Contains("ops per step, static"));
   // Dropless capture: at capacity factor 0.25 every step overflows; the flag's host read and
   // the eager re-run with the exact exchange sit between the phases, outside the checked
   // step, so the check still passes (steps 3 and 4 are compared with step 2); the fourth
