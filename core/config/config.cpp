@@ -228,7 +228,7 @@ void validate_capacity_factor(const JobConfig& cfg) {
   if (cfg.parallelism.expert_parallel_degree == 1)
     why = "parallelism.expert_parallel_degree = 1 (no expert-parallel exchange)";
   else if (x == "exact" || (x == "auto" && !cfg.compile.enable))
-    why = "moe.ep_exchange = " + quote_toml(x) +
+    why = "moe.ep_exchange = \"" + x + "\"" +
           (x == "auto" ? " without compile.enable (the exact exchange, which never drops)"
                        : " (the exact exchange never drops)");
   if (!why.empty())
