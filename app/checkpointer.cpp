@@ -1,6 +1,10 @@
 #include "app/checkpointer.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/DeviceGuard.h>
@@ -38,6 +42,31 @@ bool restore_param(CheckpointReader& r, const std::string& key, const Param& p,
   }
   if (p.sharded()) dst.narrow(0, p.dim0_rows, dst.size(0) - p.dim0_rows).zero_();
   return true;
+}
+
+// "; skipped step-N: ..." for each step-N folder newer than `step` that is not a complete
+// checkpoint (no metadata.json or train_state.json: a save that never finished its rename, or
+// a folder damaged since), so a resume from an older step never happens unexplained.
+std::string skipped_newer(const std::string& root, int64_t step) {
+  std::string out;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.size() == 5 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos || !e.is_directory())
+      continue;
+    const int64_t n = std::stoll(name.substr(5));
+    if (n <= step) continue;
+    std::string missing;
+    for (const char* f : {"metadata.json", "train_state.json"})
+      if (!fs::exists(e.path() / f)) missing += (missing.empty() ? "" : " and ") + std::string(f);
+    found.emplace_back(n, "; skipped " + e.path().string() + ": it has no " + missing +
+                              " (an incomplete or damaged checkpoint)");
+  }
+  std::sort(found.begin(), found.end());
+  for (auto& [n, line] : found) out += line;
+  return out;
 }
 
 }  // namespace
@@ -145,6 +174,37 @@ void Checkpointer::save(const TrainingState& st, bool model_only) {
   writer_.save(snapshot(st, model_only), mode == "async" || mode == "async_with_pinned_mem");
 }
 
+std::vector<std::string> Checkpointer::remove_stale_temporaries() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(root(), ec)) return out;
+  for (auto& e : fs::directory_iterator(root(), ec)) {
+    const std::string name = e.path().filename().string();
+    const auto at = name.find(".tmp-");
+    if (name.rfind("step-", 0) != 0 || at == std::string::npos || !e.is_directory()) continue;
+    const std::string token = name.substr(at + 5);
+    if (token.empty() || token == group_.token ||
+        token.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    // kill(pid, 0): 0 or EPERM means such a process exists here (perhaps another run writing
+    // into this folder); ESRCH that none does, so nothing can still write this folder.
+    const long pid = std::strtol(token.c_str(), nullptr, 10);
+    if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) {
+      out.push_back("kept " + e.path().string() + ": process " + token + " is alive");
+      continue;
+    }
+    uintmax_t bytes = 0;
+    for (auto& f : fs::recursive_directory_iterator(e.path(), ec))
+      if (f.is_regular_file(ec)) bytes += f.file_size(ec);
+    ec.clear();
+    fs::remove_all(e.path(), ec);
+    out.push_back((ec ? "could not remove " : "removed ") + e.path().string() +
+                  " (an unfinished save of process " + token + ", which is gone; " +
+                  std::to_string(bytes / 1048576) + " MiB)" + (ec ? ": " + ec.message() : ""));
+  }
+  return out;
+}
+
 // ---- Loading -------------------------------------------------------------------------------
 
 void Checkpointer::restore_model(CheckpointReader& r, TrainingState& st) {
@@ -198,7 +258,9 @@ void Checkpointer::load_folder(const std::string& dir, TrainingState& st, bool m
 std::string Checkpointer::load(TrainingState& st) {
   const auto& c = cfg_.checkpoint;
   const std::string& root = writer_.root();
-  auto steps = complete_steps(root);
+  // checkpoint.enable = false: no resume, but initial_load_path still initializes the model
+  // (validate_config refuses load_step there).
+  auto steps = c.enable ? complete_steps(root) : std::vector<int64_t>{};
   if (c.load_step >= 0) {
     if (!fs::is_directory(root))
       throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
@@ -213,9 +275,20 @@ std::string Checkpointer::load(TrainingState& st) {
     steps = {c.load_step};
   }
   if (!steps.empty()) {
-    const std::string dir = (fs::path(root) / ("step-" + std::to_string(steps.back()))).string();
-    load_folder(dir, st, false);
-    return "resumed from " + dir + " at step " + std::to_string(st.step);
+    const int64_t step = steps.back();
+    const std::string dir = (fs::path(root) / ("step-" + std::to_string(step))).string();
+    try {
+      load_folder(dir, st, false);
+    } catch (const UserError& e) {
+      // A damaged newest checkpoint: name the one before, which the user can fall back to.
+      const auto all = complete_steps(root);
+      const auto prev = std::lower_bound(all.begin(), all.end(), step);
+      if (c.load_step >= 0 || prev == all.begin()) throw;
+      throw UserError(std::string(e.what()) + "; to resume from the previous checkpoint: "
+                      "checkpoint.load_step = " + std::to_string(*(prev - 1)));
+    }
+    return "resumed from " + dir + " at step " + std::to_string(st.step) +
+           skipped_newer(root, step);
   }
   if (!c.initial_load_path.empty()) {
     if (!fs::is_directory(c.initial_load_path))

@@ -47,6 +47,12 @@ class Checkpointer {
   // Waits for a background save; rethrows its error.
   void wait() { writer_.wait(); }
 
+  // Removes the step-N.tmp-PID folders of earlier runs whose writer (rank 0, process PID) is
+  // gone: saves killed mid-write (kill -9, a node lost), never checkpoints, which would
+  // otherwise stay forever. A folder whose PID is alive on this host is kept. Returns one
+  // line per folder, removed or kept, for the log. Rank 0 only, before this run's first save.
+  std::vector<std::string> remove_stale_temporaries() const;
+
   static std::vector<int64_t> complete_steps(const std::string& root) {
     return CheckpointWriter::complete_steps(root);
   }

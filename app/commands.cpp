@@ -85,7 +85,9 @@ int run_convert_hf(int argc, char** argv) {
   int64_t seq_len = 2048;
   app.add_option("--model", model, "model family: llama3 or deepseek_v3 (default llama3)")
       ->check(CLI::IsMember(hf_supported_models()));
-  app.add_option("--flavor", flavor, "model flavor (shapes)")->required();
+  app.add_option("--flavor", flavor,
+                 "model flavor (shapes); hf: the --from-hf folder's config.json (llama3)")
+      ->required();
   auto* o_from_hf = app.add_option("--from-hf", from_hf, "Hugging Face folder to read");
   auto* o_to_st = app.add_option("--to-safetensors", to_st, "safetensors file to write");
   auto* o_from_st = app.add_option("--from-safetensors", from_st, "safetensors file to read");
@@ -114,6 +116,19 @@ int run_convert_hf(int argc, char** argv) {
   if (o_seq_len->count() > 0 && model != "deepseek_v3")
     throw UserError("convert-hf: --seq-len is for --model deepseek_v3 only; found --model " +
                     model);
+  // --flavor hf: the dimensions of the --from-hf folder's config.json (any Llama-3-architecture
+  // model, not only the built-in flavors); printed, with the built-in flavor they match.
+  if (flavor == "hf") {
+    if (model != "llama3" || from_hf.empty())
+      throw UserError("convert-hf --flavor hf: reads the --from-hf folder's config.json, for "
+                      "--model llama3; allowed: --model llama3 --from-hf DIR, or a flavor name");
+    flavor = "hf:" + from_hf;
+    const Llama3Args a = llama3_flavor(flavor);
+    const std::string match = llama3_matching_flavor(a);
+    log_info("convert-hf: " + from_hf + "/config.json: " + describe_llama3_args(a) + " (" +
+             (match.empty() ? "a custom flavor; train it with --model.flavor " + flavor
+                            : "the built-in flavor " + match) + ")");
+  }
   std::unique_ptr<Model> m = convert_model(model, flavor, seq_len);
   if (!from_hf.empty()) {
     import_model_hf(*m, from_hf);

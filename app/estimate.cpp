@@ -28,14 +28,21 @@ namespace {
 struct Gpu {
   double peak_flops, efficiency, intra_bytes_s, inter_bytes_s;
   int64_t per_node;
+  double memory_gib;  // the total CUDA reports for one card (SXM parts)
 };
+
+// Held back from the card's memory before a plan is said to fit: the CUDA context and
+// cuBLAS/NCCL workspaces (about 1-2 GiB on an H100) and the caching allocator's fragmentation.
+constexpr double kReserveGib = 4.0;
 
 Gpu gpu_named(const std::string& g) {
   static const std::map<std::string, Gpu> table = {
-      {"a100", {312e12, 0.5, 300e9, 25e9, 8}},
-      {"h100", {989e12, 0.45, 450e9, 50e9, 8}},
-      {"h200", {989e12, 0.45, 450e9, 50e9, 8}},
-      {"b200", {2250e12, 0.45, 900e9, 50e9, 8}},
+      // Memory: A100 80GB and H100 80GB report 79.2 GiB, H200 141 GB 139.8 GiB, B200 (180 GB
+      // usable) 178.4 GiB as their device total.
+      {"a100", {312e12, 0.5, 300e9, 25e9, 8, 79.2}},
+      {"h100", {989e12, 0.45, 450e9, 50e9, 8, 79.2}},
+      {"h200", {989e12, 0.45, 450e9, 50e9, 8, 139.8}},
+      {"b200", {2250e12, 0.45, 900e9, 50e9, 8, 178.4}},
   };
   auto it = table.find(g);
   if (it == table.end())
@@ -267,7 +274,7 @@ EstimateArgs parse_estimate_args(int argc, char** argv) {
   return a;
 }
 
-void print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
+double print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
   // The step's peak is either at the end of the forward (the loss's chunk buffers and
   // in-forward gradients, with only the root units gathered) or in the backward (with the
   // unit being differentiated gathered, the next one prefetched and the unit's full
@@ -292,7 +299,43 @@ void print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
   print_gib("activations held after forward (counted)", act.after_forward);
   print_gib("forward peak: activations + loss chunks", act.forward_peak);
   print_gib("backward peak: activations + gradients in flight", act.backward_peak);
-  print_gib("total", s.params + s.grads + s.optim + casts + root + transient);
+  const double total = s.params + s.grads + s.optim + casts + root + transient;
+  print_gib("total", total);
+  return total;
+}
+
+// FITS or DOES NOT FIT on the chosen card, the margin, and for a plan that does not fit the
+// keys that shrink the larger part: the sharded state, or the step's activations.
+void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double total,
+               const Gpu& g, const std::string& gpu) {
+  constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+  const double budget = g.memory_gib - kReserveGib;
+  const double margin = budget - total / kGib;
+  if (margin >= 0) {
+    std::printf("fit: FITS on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
+                "workspaces and fragmentation): %.2f GiB to spare\n",
+                gpu.c_str(), g.memory_gib, kReserveGib, margin);
+    return;
+  }
+  std::printf("fit: DOES NOT FIT on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
+              "workspaces and fragmentation): %.2f GiB over\n",
+              gpu.c_str(), g.memory_gib, kReserveGib, -margin);
+  // The keys that shrink a rank's share, each with its current value: more shards cut the
+  // parameters, gradients and AdamW state; tensor parallelism cuts weights and activations;
+  // the batch shape and activation checkpointing cut activations.
+  const double state = s.params + s.grads + s.optim;
+  std::printf("  to fit: ");
+  if (state / kGib > budget / 4)
+    std::printf("shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
+                "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
+                state / kGib, static_cast<long long>(pl.shard));
+  std::printf("raise parallelism.tensor_parallel_degree (now %lld); lower "
+              "training.local_batch_size (now %lld) or training.seq_len (now %lld)",
+              static_cast<long long>(pl.tp), static_cast<long long>(cfg.training.local_batch_size),
+              static_cast<long long>(cfg.training.seq_len));
+  if (pl.ac != "full")
+    std::printf("; set activation_checkpoint.mode = \"full\" (now \"%s\")", pl.ac.c_str());
+  std::printf("\n");
 }
 
 void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu& g,
@@ -320,7 +363,8 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
                 s.tp_collectives, s.act_bytes, static_cast<long long>(3 * pl.micro_batches),
                 s.loss_bytes);
   std::printf("step time: compute %.4g s, communication %.4g s (tensor parallel %.4g s), step "
-              "%.4g s; MFU %.1f%%\n",
+              "%.4g s; MFU %.1f%% (assumed: follows from the assumed efficiency below, not "
+              "measured)\n",
               compute_s, comm_s + tp_s, tp_s, step_s, 100.0 * rank_flops / (step_s * g.peak_flops));
   std::printf("assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
               "rank (%lld GPUs per node), tensor parallel over NVLink %.4g B/s; FSDP "
@@ -353,7 +397,8 @@ int run_estimate_command(int argc, char** argv) {
               static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
               static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
               static_cast<long long>(pl.seq_len), pl.ac.c_str());
-  print_memory(pl, s, act);
+  const double total = print_memory(pl, s, act);
+  print_fit(cfg, pl, s, total, g, a.gpu);
   print_time(info, pl, s, g, a.gpu);
   return 0;
 }

@@ -39,6 +39,14 @@ std::string first_line(const std::string& s) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
+// c10's CPU allocator words its failure "DefaultCPUAllocator: can't allocate memory: you tried
+// to allocate N bytes" (older releases: "not enough memory").
+bool is_host_allocation_failure(const std::string& what) {
+  return what.find("DefaultCPUAllocator") != std::string::npos &&
+         (what.find("can't allocate memory") != std::string::npos ||
+          what.find("not enough memory") != std::string::npos);
+}
+
 // What the allocator asked for and what was free, then the keys that lower the footprint.
 int report_oom(const std::string& what, const JobConfig* cfg) {
   std::string where;
@@ -76,6 +84,11 @@ int report_current_exception(const JobConfig* cfg) {
   } catch (const std::bad_alloc& e) {
     return report_oom(std::string("host allocation failed (") + e.what() + ")", cfg);
   } catch (const c10::Error& e) {
+    // c10's CPU allocator reports a failed host allocation as a plain c10::Error
+    // ("[enforce fail at alloc_cpu.cpp] ... DefaultCPUAllocator: can't allocate memory"), not
+    // as OutOfMemoryError: it is the host running out of memory, not a bug.
+    if (is_host_allocation_failure(e.what_without_backtrace()))
+      return report_oom(e.what_without_backtrace(), cfg);
     // A TORCH_CHECK that failed: a bug of ours or LibTorch's, not of the input. c10 attaches
     // the C++ stack when it can (TORCH_SHOW_CPP_STACKTRACES=1 adds symbols).
     const std::string msg = e.what_without_backtrace();

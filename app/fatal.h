@@ -9,6 +9,7 @@ namespace titan {
 // Exit statuses besides 0 (success) and kExitUserError (2, core/base/errors.h).
 constexpr int kExitInternalError = 1;  // a failed invariant (TORCH_CHECK) or any other bug
 constexpr int kExitOutOfMemory = 3;    // the device or the host ran out of memory
+constexpr int kExitNonFiniteLoss = 4;  // the loss became nan or inf (training diverged)
 
 // Call inside a catch block of main(): prints what went wrong to stderr and returns the exit
 // status. `cfg` (null before the config is read) names the keys that lower memory use in the

@@ -23,7 +23,11 @@ int main(int argc, char** argv) {
   install_cpu_memory_counter();
   std::optional<JobConfig> cfg;  // a copy for the out-of-memory hint, once read and checked
   try {
-    if (argc > 1 && argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
+    if (argc == 1) {  // a bare `titan-train` would otherwise train 10,000 steps at seq 2048
+      std::printf("%s", usage_text().c_str());
+      return 0;
+    }
+    if (argv[1][0] != '-') return run_subcommand(argc - 1, argv + 1);
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--print-config-reference") == 0) {
         std::printf("%s", config_reference_markdown().c_str());

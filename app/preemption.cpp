@@ -13,11 +13,23 @@ extern "C" void on_preempt(int sig) {
   g_signal.store(sig);
 }
 
+// Ctrl-C stops like a pre-emption (finish the step, save, exit 0). A second Ctrl-C, for a
+// user who will not wait for the save, ends the process at once by the default action (the
+// shell sees 130); the checkpoint being written stays a step-N.tmp-PID folder, never a
+// checkpoint. signal() and raise() are async-signal-safe.
+extern "C" void on_interrupt(int sig) {
+  if (g_signal.exchange(sig) == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+}
+
 }  // namespace
 
 void install_preemption_handlers() {
   std::signal(SIGTERM, on_preempt);
   std::signal(SIGUSR1, on_preempt);
+  std::signal(SIGINT, on_interrupt);
 }
 
 int preemption_signal() {

@@ -1,4 +1,4 @@
-// Pre-emption (SIGTERM, or SIGUSR1 as Slurm sends with --signal): the current step finishes,
+// Pre-emption (SIGTERM, SIGINT (Ctrl-C), or SIGUSR1 as Slurm sends with --signal): the current step finishes,
 // a checkpoint is saved, and the process exits 0. With several ranks, the ranks must agree on
 // the step they stop at, since one leaving alone would make the others fail in the next
 // collective.
@@ -14,7 +14,8 @@
 
 namespace titan {
 
-// SIGTERM and SIGUSR1 set a flag that preemption_signal() reads.
+// SIGTERM, SIGUSR1 and SIGINT set a flag that preemption_signal() reads; a second SIGINT
+// ends the process at once (killed by SIGINT, status 130 in a shell).
 void install_preemption_handlers();
 int preemption_signal();  // 0 when none arrived
 

@@ -1,14 +1,18 @@
 #include "app/trainer.h"
 
+#include <cstdio>
+
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "app/fatal.h"
 #include "core/telemetry/cuda_info.h"
 #include "core/base/errors.h"
 #include "core/train/functional.h"
@@ -145,7 +149,11 @@ void Trainer::store_barrier(const std::string& name) {
 void Trainer::setup_data() {
   tok_path_ = resolve_tokenizer_path(cfg_.model);
   tokenizer_ = load_tokenizer(tok_path_);
-  const int64_t vocab = model_vocab_size(cfg_);
+  // Token files must hold ids this run's tokenizer makes: a file of a 2048-token tokenizer
+  // under the 258-token byte tokenizer is another tokenizer's data (the model pads its
+  // vocabulary, so its size alone would let such ids through). A tokenizer larger than the
+  // model is refused by setup_model.
+  const int64_t vocab = std::min(model_vocab_size(cfg_), tokenizer_->vocab_size());
   RawTextContext raw;
   raw.tokenizer = tokenizer_.get();
   raw.tokenizer_path = tok_path_;
@@ -161,6 +169,10 @@ void Trainer::setup_data() {
   if (v.enable && !v.dataset_path.empty())
     val_blend_ = open_blend(dataset_specs(v.dataset, v.dataset_path, {}, "validation"), vocab,
                             0.0, raw);
+  // Too little validation data is found now, before training, not at the first validation.
+  if (v.enable)
+    ValidationReader(val_blend_ ? *val_blend_ : *blend_, /*holdout=*/!val_blend_, v.seq_len,
+                     v.local_batch_size, dp_rank_, d_.dp_degree, device_);
   loader_ = std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, dp_rank_,
                                      d_.dp_degree, d_.grad_accum_steps,
                                      static_cast<uint64_t>(cfg_.debug.seed), device_,
@@ -170,12 +182,20 @@ void Trainer::setup_data() {
 void Trainer::setup_model() {
   const auto& cc = cfg_.checkpoint;
   const std::string ckpt_root = (std::filesystem::path(cfg_.job.dump_folder) / cc.folder).string();
-  hf_init_ = cc.enable && cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
-             Checkpointer::complete_steps(ckpt_root).empty();
+  // Initial weights load with or without checkpoint.enable (which is about saving and
+  // resuming); with it, only when the run has no checkpoint of its own to resume.
+  hf_init_ = cc.initial_load_in_hf && !cc.initial_load_path.empty() &&
+             (!cc.enable || Checkpointer::complete_steps(ckpt_root).empty());
   // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
   // (or read from the Hugging Face folder) only their own rows: no rank ever holds the whole
   // model.
   model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ || tp_ > 1);
+  if (cfg_.model.name == "llama3" && cfg_.model.flavor.rfind("hf:", 0) == 0) {
+    const Llama3Args a = llama3_flavor(cfg_.model.flavor);
+    const std::string match = llama3_matching_flavor(a);
+    log_info("=> model: flavor " + cfg_.model.flavor + ": " + describe_llama3_args(a) + " (" +
+             (match.empty() ? "a custom flavor" : "as the built-in flavor " + match) + ")");
+  }
   const ModelInfo& info = model_->info();
   if (tokenizer_->vocab_size() > info.vocab_size)
     throw UserError("tokenizer '" + tok_path_ + "' has a vocabulary of " +
@@ -194,7 +214,7 @@ void Trainer::setup_model() {
   if (apply_activation_checkpointing(*model_, cfg_.activation_checkpoint) == "op")
     log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
              "the ops between them recomputed)");
-  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+  if (cc.initial_load_in_hf || cc.last_save_in_hf)  // validate_config: both can act
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init_ && !fsdp_ && tp_ == 1) load_hf_init();
 }
@@ -231,7 +251,7 @@ static bool comm_overlap() {
 void Trainer::apply_tp() {
   if (tp_ == 1) return;
   const auto& cc = cfg_.checkpoint;
-  if (cc.enable && (cc.initial_load_in_hf || cc.last_save_in_hf))
+  if (cc.initial_load_in_hf || cc.last_save_in_hf)
     throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
                     " with checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face import "
                     "and export of tensor-parallel slices are not implemented yet; allowed: "
@@ -409,6 +429,11 @@ void Trainer::log_plan() const {
   log_info("=> global_batch_size = " + std::to_string(d_.global_batch) +
            ", grad_accum_steps = " + std::to_string(d_.grad_accum_steps) +
            ", tokens_per_step = " + std::to_string(d_.tokens_per_step));
+  if (cfg_.lr_scheduler.warmup_steps > sched_->warmup_steps())
+    log_warn("lr_scheduler.warmup_steps = " + std::to_string(cfg_.lr_scheduler.warmup_steps) +
+             " is longer than the run (training.steps = " + std::to_string(cfg_.training.steps) +
+             "): warmup is clipped to " + std::to_string(sched_->warmup_steps()) +
+             " steps, so the lr never decays");
   log_info("=> lr schedule: warmup " + std::to_string(sched_->warmup_steps()) + ", stable " +
            std::to_string(sched_->stable_steps()) + ", decay " +
            std::to_string(sched_->decay_steps()) + " (" + cfg_.lr_scheduler.decay_type + ")");
@@ -474,13 +499,53 @@ void Trainer::resume() {
   state_.load_data_state = [this](const nlohmann::json& j) {
     loader_->load_state(LoaderState::from_json(j, ckpt_->root()));
   };
-  if (cfg_.checkpoint.enable && !hf_init_ && !cfg_.checkpoint.create_seed_checkpoint) {
+  // This run has not saved yet, so no folder of its own is among these (docs/checkpointing.md).
+  if (cfg_.checkpoint.enable && launch_.rank == 0)
+    for (const std::string& line : ckpt_->remove_stale_temporaries())
+      log_info("=> checkpoint: " + line);
+  const bool initial = !cfg_.checkpoint.initial_load_path.empty();
+  if ((cfg_.checkpoint.enable || initial) && !hf_init_ &&
+      !cfg_.checkpoint.create_seed_checkpoint) {
     std::string what = load_checkpoint_agreed();
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt_->root() + ", starting fresh" : what));
+    if (what.rfind("resumed from", 0) == 0) trim_metrics_after(state_.step);
+    if (what.rfind("resumed from", 0) == 0 && state_.step >= cfg_.training.steps)
+      log_warn("the checkpoint is at step " + std::to_string(state_.step) +
+               ", already at or past the last step (training.steps = " +
+               std::to_string(cfg_.training.steps) +
+               "): nothing to train; raise training.steps to continue");
   }
   if (ddp_) ddp_->broadcast_state(*model_);
   if (mesh_) mesh_->start_training();  // the world and its sub-groups
+}
+
+// A resumed run re-trains the steps after its checkpoint, so the rows an earlier run logged
+// past that step are dropped from this rank's metrics file: each step keeps one row, the
+// one of the run that continued. Rewritten in place (same file), so the logger's open
+// append-mode stream goes on at the new end.
+void Trainer::trim_metrics_after(int64_t step) {
+  if (!(launch_.rank == 0 || cfg_.metrics.save_for_all_ranks)) return;
+  const std::string path =
+      cfg_.job.dump_folder + "/" +
+      (launch_.rank == 0 ? "metrics.jsonl" : "metrics_rank" + std::to_string(launch_.rank) + ".jsonl");
+  std::ifstream in(path, std::ios::binary);
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() > step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  if (dropped == 0) return;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << kept;
+  log_info("=> metrics: dropped " + std::to_string(dropped) + " rows after step " +
+           std::to_string(step) + " from " + path + " (an earlier run's, retrained now)");
 }
 
 // ---- the loop ------------------------------------------------------------------------------
@@ -498,6 +563,7 @@ int Trainer::train_loop() {
   o.dp_degree = d_.dp_degree;
   o.max_norm = cfg_.training.max_norm;
   const int64_t first_step = state_.step + 1;
+  last_finite_step_ = state_.step;  // the checkpoint resumed from trained on finite losses
   const auto counts0 = ProcessGroup::comm_counts();
   for (int64_t step = first_step; step <= cfg_.training.steps; ++step) {
     const bool log =
@@ -527,7 +593,7 @@ int Trainer::train_loop() {
                " ms after start (unix_ms " + std::to_string(unix_ms) + ")");
     }
     if (log) {
-      if (!log_step(step, r, o.lr)) return 1;
+      if (!log_step(step, r, o.lr)) return report_non_finite_loss(step);
     } else {
       metrics_->progress(step, cfg_.training.steps,
                          std::chrono::duration<double>(Clock::now() - t0).count());
@@ -644,14 +710,42 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   if (ep_control_) m.extra.merge(ep_control_->take_metrics());
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {
-    log_warn("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
-             "; stopping");
+    nonfinite_loss_ = m.loss;
     return false;
   }
+  last_finite_step_ = step;
   t_last_log_ = Clock::now();
   tokens_since_log_ = 0;
   data_ms_ = 0;
   return true;
+}
+
+// A diverged run stops with its own status (app/fatal.h kExitNonFiniteLoss) and says on
+// stderr where to go back to: the newest complete checkpoint at or before the last step
+// whose loss was read finite.
+int Trainer::report_non_finite_loss(int64_t step) {
+  if (ckpt_) ckpt_->wait();
+  if (launch_.rank == 0) {
+    std::ostringstream os;
+    os << "titan-train: error: the loss is " << nonfinite_loss_ << " at step " << step
+       << " (read every metrics.log_freq = " << cfg_.metrics.log_freq << " steps); ";
+    // A save after the last finite loss read may already hold nan weights (log_freq > 1).
+    std::vector<int64_t> steps;
+    if (cfg_.checkpoint.enable)
+      for (int64_t s : Checkpointer::complete_steps(ckpt_->root()))
+        if (s <= last_finite_step_) steps.push_back(s);
+    if (!steps.empty())
+      os << "the last good checkpoint is " << ckpt_->root() << "/step-" << steps.back()
+         << " (rerun with checkpoint.load_step = " << steps.back()
+         << " and a lower optimizer.lr or training.max_norm)";
+    else
+      os << "no checkpoint to go back to ("
+         << (cfg_.checkpoint.enable ? "none saved yet" : "checkpoint.enable = false")
+         << "); lower optimizer.lr or training.max_norm";
+    std::fprintf(stderr, "%s\n", os.str().c_str());
+  }
+  if (pg_) pg_->barrier();  // rank 0 hosts the store: nobody leaves while a peer still reads
+  return kExitNonFiniteLoss;
 }
 
 void Trainer::validate(int64_t step) {

@@ -69,6 +69,8 @@ class Trainer {
   std::vector<MicroBatch> next_micro_batches();
   // False when the loss is not finite (the run stops with status 1).
   bool log_step(int64_t step, const StepResult& r, double lr);
+  int report_non_finite_loss(int64_t step);
+  void trim_metrics_after(int64_t step);
   void validate(int64_t step);
   void save(bool model_only);
   int write_seed_checkpoint();
@@ -93,6 +95,8 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
 
   bool hf_init_ = false;    // initial weights come from a Hugging Face folder
+  double nonfinite_loss_ = 0;    // the loss log_step found nan or inf
+  int64_t last_finite_step_ = 0;  // the last step whose loss log_step read finite
   bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
   std::unique_ptr<Model> model_;
   std::unique_ptr<FullyShardedDataParallel> sharded_;

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "core/base/durable_io.h"
+#include "core/base/strings.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
 #include "core/checkpoint/safetensors.h"
@@ -120,11 +121,6 @@ namespace {
 std::vector<int64_t> hf_shape(const HfTensorMap& m, at::IntArrayRef ours) {
   if (m.transform == HfTransform::kSplitExperts) return {ours.begin() + 1, ours.end()};
   return ours.vec();
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // transformers checkpoints of older versions carry the rotary tables as buffers; they are

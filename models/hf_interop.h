@@ -123,6 +123,15 @@ std::vector<HfTensorMap> llama3_hf_map(const Llama3Args& args);
 nlohmann::ordered_json llama3_hf_config(const Llama3Args& args, at::ScalarType dtype);
 void export_llama3_hf(const Llama3& model, const std::string& dir, const HfExportOptions& opts);
 HfImportStats import_llama3_hf(Llama3& model, const std::string& dir);
+// The Llama-3 architecture a Hugging Face folder's config.json describes (LlamaForCausalLM of
+// any size: hidden_size, layers, heads, KV heads, intermediate_size, vocab_size, RoPE theta and
+// llama3 scaling, tied embeddings). model.flavor = "hf:DIR" and convert-hf --flavor hf use it.
+// UserError for what the model cannot express (a head_dim other than hidden / heads, biases).
+Llama3Args llama3_args_from_hf_config(const std::string& dir);
+// The built-in flavor with `a`'s dimensions, or "" (a custom one).
+std::string llama3_matching_flavor(const Llama3Args& a);
+// "dim 2048, 16 layers, 32 heads (8 KV), ffn 8192, vocab 128256": for the log.
+std::string describe_llama3_args(const Llama3Args& a);
 
 // ---- DeepSeek-V3 --------------------------------------------------------------------------------
 

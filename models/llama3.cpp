@@ -6,6 +6,7 @@
 #include "core/base/errors.h"
 #include "core/train/capture_check.h"
 #include "models/flavor_table.h"
+#include "models/hf_interop.h"
 
 namespace titan {
 
@@ -99,6 +100,8 @@ std::vector<std::string> llama3_flavor_names() {
 }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
+  // "hf:DIR": the dimensions of a Hugging Face folder's config.json (a custom flavor).
+  if (flavor.rfind("hf:", 0) == 0) return llama3_args_from_hf_config(flavor.substr(3));
   return find_flavor(flavors(), llama3_flavor_names(), "llama3", flavor);
 }
 

@@ -8,8 +8,9 @@
 # the base images the Dockerfile's FROM lines name are absent, it makes them (debootstrap
 # --variant=minbase Debian, `docker import`, tagged with those names; the devel one also gets
 # this machine's /usr/local/cuda, as the real nvidia/cuda devel image has it). Their pip reads
-# a wheelhouse of the pinned torch and pyarrow wheels (and their dependencies) that this
-# script downloads once and serves on 127.0.0.1. Where the real base images can be pulled,
+# a wheelhouse of every wheel the Dockerfile pins (scripts/docker_wheels.sh reads them from
+# its pip lines) and their dependencies, which this script downloads once and serves on
+# 127.0.0.1. Where the real base images can be pulled,
 # the Dockerfile builds unchanged without any of this (TITAN_DOCKER_REAL_BASES=1 skips it).
 # Starts its own dockerd (--iptables=false --bridge=none) unless one answers already, and
 # stops it at the end. Prints TITAN_TEST_SKIPPED and exits 0 where the tools are missing.
@@ -57,13 +58,20 @@ fi
 # ---- base images and wheelhouse ---------------------------------------------------------------
 if [ -z "${TITAN_DOCKER_REAL_BASES:-}" ]; then
   wheels="$work/wheels"
-  if [ ! -f "$wheels/.done" ]; then
-    say "downloading the wheelhouse: torch==$TORCH_VERSION pyarrow==$PYARROW_VERSION and dependencies"
+  # The Dockerfile's own pip pins (scripts/docker_wheels.sh), so the wheelhouse cannot fall
+  # behind it (it once lacked the nvidia-cutlass wheel the Dockerfile had started to install).
+  # .done records the list: a changed pin downloads again.
+  reqs="$("$root/scripts/docker_wheels.sh")"
+  if [ ! -f "$wheels/.done" ] || [ "$(cat "$wheels/.done")" != "$reqs" ]; then
+    say "downloading the wheelhouse: $(echo "$reqs" | awk '{print $2}' | tr '\n' ' ')(and dependencies)"
     rm -rf "$wheels" && mkdir -p "$wheels"
     pyv="$(python3 -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
-    python3 -m pip download -q --only-binary=:all: --python-version "$pyv" -d "$wheels" \
-      "torch==$TORCH_VERSION" "pyarrow==$PYARROW_VERSION"
-    touch "$wheels/.done"
+    deps=($(echo "$reqs" | awk '$1 == "deps" {print $2}'))
+    nodeps=($(echo "$reqs" | awk '$1 == "nodeps" {print $2}'))
+    get() { python3 -m pip download -q --only-binary=:all: --python-version "$pyv" -d "$wheels" "$@"; }
+    ((${#deps[@]} == 0)) || get "${deps[@]}"
+    ((${#nodeps[@]} == 0)) || get --no-deps "${nodeps[@]}"
+    echo "$reqs" >"$wheels/.done"
   fi
   python3 -m http.server "$port" --bind 127.0.0.1 --directory "$wheels" >/dev/null 2>&1 &
   pids+=($!)

@@ -6,6 +6,9 @@
 #   LIBTORCH=/path/to/libtorch        a libtorch folder (share/cmake/Torch inside)
 #   Torch_DIR=/path/to/share/cmake/Torch
 #   TITAN_CACHE (default ~/.cache/titan-train): where the venv and data live.
+#   TITAN_SETUP_MODE=train: only what building and training need (scripts/train.sh); the
+#     default, all, adds the test-only Debian packages and Python references (scripts/test.sh).
+#   TITAN_SETUP_DRY_RUN=1: print what each mode would install and change nothing.
 # Prints KEY=VALUE lines to $TITAN_CACHE/env.sh for the other scripts.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,9 +18,31 @@ venv="$cache/venv"
 mkdir -p "$cache"
 say() { echo "[setup] $*"; }
 
+mode="${TITAN_SETUP_MODE:-all}"
+case "$mode" in train | all) ;; *) echo "[setup] TITAN_SETUP_MODE=$mode; allowed: train, all" >&2; exit 2 ;; esac
+debian="$DEBIAN_BUILD_PACKAGES"
+# Training needs LibTorch (torch), the tokenizer trainer (tokenizers), the Arrow/Parquet C++
+# libraries the build links (pyarrow) and the CUTLASS headers of the CUDA build; the rest is
+# for the reference tests.
+want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION pyarrow==$PYARROW_VERSION"
+want_nodeps="nvidia-cutlass==$CUTLASS_VERSION"
+if [ "$mode" = all ]; then
+  debian="$debian ${DEBIAN_TEST_PACKAGES:-}"
+  want="$want safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION zstandard==$ZSTANDARD_VERSION"
+  # Reference code, without dependencies so they never move the pinned torch.
+  want_nodeps="$want_nodeps torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION"
+fi
+if [ -n "${TITAN_SETUP_DRY_RUN:-}" ]; then
+  echo "mode: $mode"
+  echo "debian: $debian"
+  echo "pip: $want"
+  echo "pip --no-deps: $want_nodeps"
+  exit 0
+fi
+
 # ---- Debian packages -------------------------------------------------------------------
 missing=()
-for p in $DEBIAN_BUILD_PACKAGES ${DEBIAN_TEST_PACKAGES:-}; do
+for p in $debian; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -46,12 +71,12 @@ fi
 
 # The venv is needed even with a user LibTorch: the Python reference tests and the
 # tokenizer trainer use it.
-want="torch==$TORCH_VERSION tokenizers==$TOKENIZERS_VERSION safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION pyarrow==$PYARROW_VERSION zstandard==$ZSTANDARD_VERSION"
-# Reference code and the CUTLASS headers only: without dependencies, so they never move the
-# pinned torch.
-want_nodeps="torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION nvidia-cutlass==$CUTLASS_VERSION"
+# The stamp lists what is installed; a train set-up is also satisfied by a full one.
 stamp="$venv/.titan-stamp"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want $want_nodeps" ]; then
+have=" $(cat "$stamp" 2>/dev/null || true) "
+satisfied=1
+for w in $want $want_nodeps; do [[ "$have" == *" $w "* ]] || satisfied=0; done
+if [ "$satisfied" = 1 ]; then
   say "venv $venv: up to date ($want $want_nodeps)"
 else
   [ -x "$py" ] || { say "creating venv $venv"; python3 -m venv "$venv"; }
@@ -59,7 +84,8 @@ else
   "$venv/bin/pip" install -q --progress-bar off $want
   say "installing into $venv without dependencies: $want_nodeps"
   "$venv/bin/pip" install -q --progress-bar off --no-deps $want_nodeps
-  echo "$want $want_nodeps" >"$stamp"
+  # What was there and what was added: a full set-up after a train one keeps both listed.
+  echo "$(echo $have $want $want_nodeps | tr ' ' '\n' | sort -u | tr '\n' ' ')" >"$stamp"
 fi
 if [ -z "$torch_dir" ]; then
   torch_dir="$("$py" -c 'import torch,os;print(os.path.join(torch.utils.cmake_prefix_path,"Torch"))')"

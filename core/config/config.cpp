@@ -80,6 +80,11 @@ bool parse_bool_text(const std::string& t, bool& out) {
   return false;
 }
 
+bool infinity_allowed(const Option& opt) {
+  const double* d = std::get_if<double>(&opt.default_value);
+  return d && std::isinf(*d);
+}
+
 std::string allowed_text(const Option& opt) {
   if (!opt.later.empty()) return "only " + format_option_value(opt.default_value);
   if (!opt.choices.empty()) return "one of " + join(opt.choices, ", ");
@@ -93,6 +98,8 @@ std::string allowed_text(const Option& opt) {
   } else if (opt.min) {
     os << "value >= " << num(*opt.min);
   }
+  const bool floats = opt.type == OptType::Float || opt.type == OptType::FloatList;
+  if (floats && !infinity_allowed(opt) && !(opt.max && std::isfinite(*opt.max))) os << (os.tellp() > 0 ? ", finite" : "finite");
   std::string r = os.str();
   if (opt.type == OptType::FloatList) return "a list of floats" + (r.empty() ? "" : ", each " + r);
   if (opt.type == OptType::StringList) return "a list of strings";
@@ -169,6 +176,67 @@ void validate_datasets(const TrainingSection& t) {
     throw UserError(
         "training.dataset_weights are all 0; allowed: non-negative weights, at least one "
         "positive");
+}
+
+// Batch shapes whose token counts cannot be real, refused before anything is allocated (a
+// TOML local_batch_size of 2^63-1 otherwise ends in "vector::reserve" deep in the loader).
+// One micro-batch's token ids are int64: 2^32 tokens are 32 GiB of ids alone, before any
+// activation (>= 8 x model dim bytes per token), beyond the memory of any one device or host.
+// An optimizer step of 2^40 tokens (a trillion) is far beyond any pre-training batch
+// (Llama-3 405B: 16M tokens), and keeps global_batch_size x seq_len far from int64 overflow.
+constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 32;
+constexpr int64_t kMaxStepTokens = int64_t{1} << 40;
+
+void validate_batch_tokens(const char* section, int64_t batch, const char* batch_key,
+                           int64_t seq_len, int64_t max_tokens) {
+  if (batch <= 0 || seq_len <= 0 || batch <= max_tokens / seq_len) return;
+  throw UserError(std::string(section) + "." + batch_key + " = " + std::to_string(batch) +
+                  " with " + section + ".seq_len = " + std::to_string(seq_len) +
+                  " is more than " + std::to_string(max_tokens) +
+                  " tokens, which no device can hold; allowed: " + batch_key + " x seq_len <= " +
+                  std::to_string(max_tokens));
+}
+
+// Keys that would be silently ignored: checkpoint.enable = false turns off saving and
+// resuming, so a load_step or a final HF export asked for cannot happen. The initial_load_*
+// keys act without it (they only read). interval, keep_latest_k, async_mode and the like
+// are not refused: torchtitan's own configs set them beside enable = false.
+void validate_checkpoint_keys(const CheckpointSection& c) {
+  if (!c.enable && c.load_step >= 0)
+    throw UserError("checkpoint.load_step = " + std::to_string(c.load_step) +
+                    " has no effect: checkpoint.enable = false turns resuming off; allowed: "
+                    "checkpoint.enable = true, or load_step = -1 (to start from a checkpoint "
+                    "without saving, use checkpoint.initial_load_path)");
+  if (!c.enable && c.last_save_in_hf)
+    throw UserError("checkpoint.last_save_in_hf = true has no effect: checkpoint.enable = false "
+                    "turns the final save off; allowed: checkpoint.enable = true, or "
+                    "last_save_in_hf = false");
+  if (c.initial_load_in_hf && c.initial_load_path.empty())
+    throw UserError("checkpoint.initial_load_in_hf = true has no effect: "
+                    "checkpoint.initial_load_path is empty; allowed: a Hugging Face folder in "
+                    "initial_load_path, or initial_load_in_hf = false");
+}
+
+// moe.ep_capacity_factor sizes the static exchange's buffers only (docs/moe.md): with the exact
+// exchange or without expert parallelism it would be ignored while the start-up line printed
+// a capacity as if it applied. Only a finite (non-default) factor is refused.
+void validate_capacity_factor(const JobConfig& cfg) {
+  // The default (a finite factor since the dropless static exchange) applies wherever the
+  // static exchange runs; only a value the user changed can be one that "has no effect".
+  const double f = cfg.moe.ep_capacity_factor;
+  if (!std::isfinite(f) || f == default_config().moe.ep_capacity_factor) return;
+  const std::string& x = cfg.moe.ep_exchange;
+  std::string why;
+  if (cfg.parallelism.expert_parallel_degree == 1)
+    why = "parallelism.expert_parallel_degree = 1 (no expert-parallel exchange)";
+  else if (x == "exact" || (x == "auto" && !cfg.compile.enable))
+    why = "moe.ep_exchange = \"" + x + "\"" +
+          (x == "auto" ? " without compile.enable (the exact exchange, which never drops)"
+                       : " (the exact exchange never drops)");
+  if (!why.empty())
+    throw UserError("moe.ep_capacity_factor = " + format_double(f) + " has no effect with " + why +
+                    "; allowed: moe.ep_exchange = \"static\" with expert_parallel_degree > 1, "
+                    "or ep_capacity_factor = inf");
 }
 
 }  // namespace
@@ -262,8 +330,11 @@ void check_option_value(const Option& opt, const OptValue& v, const std::string&
     throw UserError(where + ": " + opt.name() + " = " + format_option_value(v) +
                     " is not allowed; allowed: " + allowed_text(opt));
   };
+  // An infinite float means something only where the default is one (moe.ep_capacity_factor:
+  // the no-drop worst case); elsewhere (optimizer.lr = inf) it only turns the loss into nan.
   auto in_range = [&](double x) {
-    return !std::isnan(x) && !(opt.min && x < *opt.min) && !(opt.max && x > *opt.max);
+    return !std::isnan(x) && (std::isfinite(x) || infinity_allowed(opt)) &&
+           !(opt.min && x < *opt.min) && !(opt.max && x > *opt.max);
   };
   auto chosen = [&](const std::string& s) {
     return opt.choices.empty() ||
@@ -419,6 +490,13 @@ void validate_config(const JobConfig& cfg) {
                     " is not a multiple of local_batch_size (" +
                     std::to_string(t.local_batch_size) + "); allowed: -1 or a multiple of " +
                     std::to_string(t.local_batch_size) + " x the data-parallel degree");
+  validate_batch_tokens("training", t.local_batch_size, "local_batch_size", t.seq_len,
+                        kMaxMicroBatchTokens);
+  validate_batch_tokens("training", t.global_batch_size, "global_batch_size", t.seq_len,
+                        kMaxStepTokens);
+  if (cfg.validation.enable)
+    validate_batch_tokens("validation", cfg.validation.local_batch_size, "local_batch_size",
+                          cfg.validation.seq_len, kMaxMicroBatchTokens);
   validate_datasets(t);
   validate_activation_checkpoint(cfg.activation_checkpoint);
   const auto& pr = cfg.profiling;
@@ -435,6 +513,8 @@ void validate_config(const JobConfig& cfg) {
     throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
                     " is not allowed; allowed: a factor > 0 (e.g. 2, the default), or inf (the "
                     "worst case, which never overflows)");
+  validate_checkpoint_keys(cfg.checkpoint);
+  validate_capacity_factor(cfg);
   if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
     throw UserError(
         "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "

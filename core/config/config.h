@@ -249,6 +249,9 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size);
 // Text forms, all generated from the registry.
 std::string dump_config_toml(const JobConfig& cfg);
 std::string config_help_text();
+// The short usage: the invocations, the subcommands and the two most common runs. Printed
+// for a bare `titan-train` (no config and no overrides would start a 10,000-step run).
+std::string usage_text();
 std::string config_reference_markdown();
 std::string config_table(const JobConfig& cfg);
 std::string format_option_value(const OptValue& v);

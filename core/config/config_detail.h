@@ -20,6 +20,8 @@ std::string format_double(double x);
 std::string quote_toml(const std::string& s);
 // true/1/yes/on and false/0/no/off, any case; false when `t` is none of them.
 bool parse_bool_text(const std::string& t, bool& out);
+// Whether `opt` takes inf: only a float whose default is infinite, where inf has a meaning.
+bool infinity_allowed(const Option& opt);
 // The values `opt` allows, as messages and --help say them.
 std::string allowed_text(const Option& opt);
 

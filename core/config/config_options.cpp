@@ -108,7 +108,8 @@ void model_options(std::vector<Option>& out) {
   s.add("name", &ModelSection::name, "llama3", "Model family")
       .choices({"llama3", "llama4", "deepseek_v3"});
   s.add("flavor", &ModelSection::flavor, "debugmodel",
-        "Model size within the family (see docs/models.md)");
+        "Model size within the family (see docs/models.md); llama3 also takes \"hf:DIR\", the "
+        "dimensions of a Hugging Face folder's config.json");
   s.add("hf_assets_path", &ModelSection::hf_assets_path, "",
         "Folder holding tokenizer.json (Hugging Face layout); empty: use tokenizer_path");
   s.add("tokenizer_path", &ModelSection::tokenizer_path, "",

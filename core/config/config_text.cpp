@@ -29,16 +29,27 @@ std::string dump_config_toml(const JobConfig& cfg) {
   return os.str();
 }
 
+std::string usage_text() {
+  return "titan-train: pre-train Llama-3, Llama-4 and DeepSeek-V3 models on LibTorch.\n\n"
+         "Usage:\n"
+         "  titan-train --config FILE [--section.key=value | --section.key value]...   train\n"
+         "  titan-train estimate --config FILE [--world N] [--gpu h100] [--set key=value]\n"
+         "  titan-train data-preview --config FILE [--steps N] [--rank R] [--world W]\n"
+         "  titan-train tokenize --tokenizer FILE --output OUT INPUT...\n"
+         "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
+         "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
+         "                         [--dtype float32|bfloat16|float16]\n"
+         "  titan-train --help | --dump-config\n\n"
+         "Subcommands: estimate, data-preview, tokenize, convert-hf (each takes --help).\n\n"
+         "Most common:\n"
+         "  titan-train --config configs/llama3_debug.toml --training.steps 50\n"
+         "  titan-train --config my.toml --training.dataset_path data.tok "
+         "--model.tokenizer_path tok.json\n";
+}
+
 std::string config_help_text() {
   std::ostringstream os;
-  os << "titan-train: pre-train Llama-3, Llama-4 and DeepSeek-V3 models on LibTorch.\n\n"
-        "Usage:\n"
-        "  titan-train [--config FILE] [--section.key=value | --section.key value]...\n"
-        "  titan-train tokenize --tokenizer FILE --input FILE --output FILE.tok\n"
-        "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
-        "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
-        "                         [--dtype float32|bfloat16|float16]\n"
-        "  titan-train --help | --dump-config\n\n"
+  os << usage_text() << "\n"
         "Precedence: defaults < TOML file < command line. Booleans: --key, --key=true,\n"
         "--key false. Lists: --key a,b or --key a b. Empty values: --key= .\n\n"
         "Options:\n";

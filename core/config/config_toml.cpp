@@ -271,8 +271,12 @@ class NonAsciiGuard {
 
 // ---- public: TOML --------------------------------------------------------------------------
 
-void apply_toml_string(JobConfig& cfg, const std::string& text, const std::string& source_name,
+void apply_toml_string(JobConfig& cfg, const std::string& text_in, const std::string& source_name,
                        std::vector<std::string>& warnings) {
+  // A UTF-8 byte-order mark (some Windows editors write one) is not content: skipped.
+  const std::string_view bom = "\xEF\xBB\xBF";
+  const std::string text =
+      text_in.compare(0, bom.size(), bom) == 0 ? text_in.substr(bom.size()) : text_in;
   NonAsciiGuard(text, source_name).run();
   toml::table root;
   try {

@@ -93,9 +93,9 @@ Blend::Blend(const std::vector<SourceSpec>& specs, const BlendOptions& opts) {
   double sum = 0;
   for (const SourceSpec& sp : specs) {
     TORCH_CHECK((sp.weight >= 0) == given, "Blend: weights must be given for all sources or none");
-    std::string path = sp.path;
-    if (opts.resolve_raw && is_raw_text_path(path)) path = opts.resolve_raw(path);
-    auto src = TokenSource::open(path, opts.vocab);
+    std::string path = sp.path, origin;
+    if (opts.resolve_raw && is_raw_text_path(path)) origin = path, path = opts.resolve_raw(path);
+    auto src = TokenSource::open(path, opts.vocab, origin);
     const int64_t n = src->num_tokens(), d = src->num_docs();
     int64_t boundary = n;
     if (opts.holdout_fraction > 0) {

@@ -280,8 +280,10 @@ ValidationReader::ValidationReader(const Blend& blend, bool holdout, int64_t seq
                     ") holds " + std::to_string(total_) + " windows of seq_len + 1 = " +
                     std::to_string(seq_len + 1) + " tokens, fewer than validation.local_batch_size (" +
                     std::to_string(local_batch) + ") x data-parallel ranks (" +
-                    std::to_string(dp_size) + "); allowed: more validation data, a larger " +
-                    "training.holdout_fraction or a shorter validation.seq_len");
+                    std::to_string(dp_size) + "); allowed: " +
+                    (holdout ? "a larger training.holdout_fraction"
+                             : "more documents in validation.dataset_path") +
+                    ", a smaller validation.local_batch_size or a shorter validation.seq_len");
   reset();
 }
 

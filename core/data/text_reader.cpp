@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/errors.h"
+#include "core/base/strings.h"
 #include "core/base/log.h"
 #include "core/data/parquet_source.h"
 
@@ -24,11 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kReadChunk = 1 << 20;  // bytes per read() of the input file
-
-bool ends_with(const std::string& s, const char* suf) {
-  const size_t n = std::strlen(suf);
-  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
-}
 
 bool blank_line(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;

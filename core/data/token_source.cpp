@@ -17,6 +17,7 @@
 #include <set>
 
 #include "core/base/errors.h"
+#include "core/base/strings.h"
 
 namespace titan {
 namespace fs = std::filesystem;
@@ -85,9 +86,6 @@ const char* kAllowedSpecs =
     "allowed: a .tok v2 file, a Megatron .bin/.idx (or their common prefix), an llm.c .bin "
     "shard, a folder of one of these, or a glob";
 
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
 std::string strip_ext(const std::string& s) { return s.substr(0, s.rfind('.')); }
 bool is_file(const std::string& p) {
   std::error_code ec;
@@ -433,20 +431,56 @@ int64_t TokenShard::doc_start(int64_t d) const {
   return ptr / item_size;
 }
 
-std::shared_ptr<const TokenSource> TokenSource::open(const std::string& spec, int64_t vocab) {
+std::string TokenSource::shown(const std::string& path) const {
+  return origin_.empty() ? "'" + path + "'"
+                         : "'" + origin_ + "' (tokenized into the cache file '" + path + "')";
+}
+
+std::shared_ptr<const TokenSource> TokenSource::open(const std::string& spec, int64_t vocab,
+                                                     const std::string& origin) {
+  if (origin.empty()) return open(spec, vocab, std::string(), nullptr);
+  // A token cache: its errors name the user's file (they gave that path, not the cache's).
+  try {
+    return open(spec, vocab, origin, nullptr);
+  } catch (const UserError& e) {
+    std::string msg = e.what();
+    const std::string quoted = "'" + spec + "'";
+    const auto at = msg.find(quoted);
+    if (at != std::string::npos)
+      msg.replace(at, quoted.size(), "'" + origin + "' (tokenized into the cache file '" + spec +
+                                         "')");
+    else
+      msg = "data file '" + origin + "' (token cache '" + spec + "'): " + msg;
+    throw UserError(msg);
+  }
+}
+
+std::shared_ptr<const TokenSource> TokenSource::open(const std::string& spec, int64_t vocab,
+                                                     const std::string& origin, std::nullptr_t) {
   install_sigbus_handler();
   auto src = std::shared_ptr<TokenSource>(new TokenSource());
   src->spec_ = spec;
+  src->origin_ = origin;
   src->vocab_ = vocab;
   bool docs_known = true;
   for (const Candidate& c : resolve_spec(spec)) {
     std::unique_ptr<TokenShard> s = c.format == TokenFormat::Tok        ? open_tok(c.path)
                                     : c.format == TokenFormat::Megatron ? open_megatron(c.path)
                                                                         : open_llmc(c.path);
-    if (vocab > 0 && s->max_id >= vocab)
-      throw UserError("token file '" + s->path + "': holds token id " + std::to_string(s->max_id) +
-                      " (its header's max id), at or above the model's vocabulary of " +
-                      std::to_string(vocab) + "; allowed: ids below " + std::to_string(vocab));
+    // A .tok header records the vocabulary of the tokenizer that wrote it: a larger one than
+    // this run's means another tokenizer, even where the ids present happen to fit.
+    const int64_t written_vocab =
+        c.format == TokenFormat::Tok ? static_cast<int64_t>(s->file.load<uint64_t>(32)) : 0;
+    if (vocab > 0 && (s->max_id >= vocab || written_vocab > vocab))
+      throw UserError("token file '" + s->path + "': " +
+                      (written_vocab > 0 ? "written for a vocabulary of " +
+                                               std::to_string(written_vocab) + " tokens, "
+                                         : std::string()) +
+                      "holds token ids up to " + std::to_string(s->max_id) +
+                      " (its header's max id), but this run's vocabulary (the tokenizer's, "
+                      "at most the model's) has " + std::to_string(vocab) +
+                      " tokens; allowed: a file tokenized with this run's tokenizer "
+                      "(model.tokenizer_path), ids below " + std::to_string(vocab));
     s->file.advise_random();
     src->format_ = c.format;
     src->token_starts_.push_back(src->token_starts_.back() + s->num_tokens);
@@ -487,7 +521,7 @@ void TokenSource::read(int64_t pos, int64_t n, int64_t* out) const {
     // A shard changed under the run is an error naming it (docs/data.md "Files that change").
     const std::string changed = s.file.changed_since_open();
     if (!changed.empty())
-      throw UserError("data file '" + s.path + "': " + changed +
+      throw UserError("data file " + shown(s.path) + ": " + changed +
                       "; the data files of a run must not change while it trains");
     {
       ReadingGuard reading(s.path);
@@ -500,12 +534,13 @@ void TokenSource::read(int64_t pos, int64_t n, int64_t* out) const {
     const int64_t limit = s.max_id >= 0 ? std::min(vocab_limit, s.max_id + 1) : vocab_limit;
     for (int64_t i = 0; i < take; ++i)
       if (out[i] < 0 || out[i] >= limit)
-        throw UserError("data file '" + s.path + "': token id " + std::to_string(out[i]) +
+        throw UserError("data file " + shown(s.path) + ": token id " + std::to_string(out[i]) +
                         " at token offset " + std::to_string(loc.offset + i) +
                         (out[i] >= 0 && out[i] < vocab_limit
                              ? " is above the max id " + std::to_string(s.max_id) +
                                    " its header records; the file is corrupt"
-                         : vocab_ > 0 ? " is outside the model's vocabulary; allowed: 0.." +
+                         : vocab_ > 0 ? " is outside this run's vocabulary (the tokenizer's, at "
+                                        "most the model's); allowed: 0.." +
                                             std::to_string(vocab_ - 1)
                                       : " is negative; allowed: ids >= 0"));
     pos += take, n -= take, out += take;

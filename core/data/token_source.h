@@ -52,7 +52,10 @@ class TokenSource {
   // glob). vocab > 0: token ids must be below it — checked here from the header where the
   // format records the max id (.tok v2), otherwise on every read, naming file and offset.
   // Throws UserError for anything unreadable, naming the file and what was found.
-  static std::shared_ptr<const TokenSource> open(const std::string& spec, int64_t vocab);
+  // `origin`: the user's file this one was tokenized from (a token cache of a .txt/.jsonl);
+  // errors then name it first, with the cache file after it.
+  static std::shared_ptr<const TokenSource> open(const std::string& spec, int64_t vocab,
+                                                 const std::string& origin = "");
 
   const std::string& spec() const { return spec_; }
   TokenFormat format() const { return format_; }
@@ -80,6 +83,11 @@ class TokenSource {
 
  private:
   std::string spec_;
+  static std::shared_ptr<const TokenSource> open(const std::string& spec, int64_t vocab,
+                                                 const std::string& origin, std::nullptr_t);
+  std::string origin_;  // the raw file a token cache was made from; empty otherwise
+  // How errors name shard `path`, quoted: the user's raw file and its cache, or the path.
+  std::string shown(const std::string& path) const;
   TokenFormat format_ = TokenFormat::Tok;
   int64_t vocab_ = 0;
   std::vector<std::unique_ptr<TokenShard>> shards_;

@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/base/durable_io.h"
+#include "core/base/strings.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
 
@@ -22,11 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kBufBytes = 1 << 20;
-
-bool ends_with(const std::string& s, const char* suf) {
-  const size_t n = std::strlen(suf);
-  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
-}
 
 [[noreturn]] void write_failed(const std::string& path, const char* what) {
   throw UserError("output file '" + path + "': " + what + " (" + std::strerror(errno) +

@@ -123,6 +123,10 @@ TEST_CASE("checkpoint: a save killed midway is never picked as the latest", "[ch
   INFO(r.out);
   CHECK(r.rc == 0);
   CHECK_THAT(r.out, Contains("checkpoint/step-5 at step 5"));
+  // The killed writer's folder is removed at the start of the next run, and the log says so.
+  CHECK_FALSE(tmp_of_10());
+  CHECK_THAT(r.out, Contains("=> checkpoint: removed " + root + "/step-10.tmp-") &&
+                        Contains("which is gone"));
 }
 
 TEST_CASE("checkpoint: SIGTERM finishes the step and saves and exits 0", "[checkpoint]") {
@@ -151,6 +155,38 @@ TEST_CASE("checkpoint: SIGTERM finishes the step and saves and exits 0", "[check
   CHECK(r.rc == 0);
   CHECK_THAT(r.out, Contains("at step " + std::to_string(n)));
   CHECK(losses(dir.file("r")).count(n + 2) == 1);
+}
+
+// Ctrl-C is a pre-emption like SIGTERM (README "Errors and exit status"): the step finishes,
+// a checkpoint is saved, exit 0. A second Ctrl-C during that save ends the process at once.
+TEST_CASE("checkpoint: SIGINT saves and exits 0; a second SIGINT aborts the save",
+          "[checkpoint]") {
+  test::TempDir dir("sigint");
+  const std::string args =
+      "--training.steps 100000 --checkpoint.enable --checkpoint.interval 100000 "
+      "--job.dump_folder ";
+  auto started = [&](const std::string& dump) {
+    return wait_for([&] { return losses(dump).size() >= 2; }, 300);
+  };
+  Proc once = spawn(args + dir.file("a"), dir.file("a.log"));
+  REQUIRE(started(dir.file("a")));
+  ::kill(once.pid, SIGINT);
+  CHECK(once.wait() == 0);
+  std::string log = test::read_file(dir.file("a.log"));
+  INFO(log.substr(log.size() > 2000 ? log.size() - 2000 : 0));
+  CHECK_THAT(log, Contains("received signal 2") && Contains("saving and exiting"));
+  CHECK(Checkpointer::complete_steps(dir.file("a") + "/checkpoint").size() == 1);
+
+  // Each save sleeps 3 s before its rename, so the second SIGINT lands inside it.
+  Proc twice =
+      spawn(args + dir.file("b"), dir.file("b.log"), "TITAN_TEST_CHECKPOINT_DELAY_MS=3000");
+  REQUIRE(started(dir.file("b")));
+  ::kill(twice.pid, SIGINT);
+  REQUIRE(wait_for([&] { return test::read_file(dir.file("b.log")).find("received signal 2") !=
+                                std::string::npos; }, 60));
+  ::kill(twice.pid, SIGINT);
+  CHECK(twice.wait() == 128 + SIGINT);
+  CHECK(Checkpointer::complete_steps(dir.file("b") + "/checkpoint").empty());
 }
 
 TEST_CASE("checkpoint: pruning keeps the newest k and async saves resume like sync ones",
@@ -256,6 +292,68 @@ TEST_CASE("checkpoint: an incompatible model config names the tensor and both sh
     CHECK(at::equal(a.params().all()[i].value, c.params().all()[i].value));
 }
 
+// A resumed run keeps one metrics row per step (the earlier run's rows past the checkpoint
+// are dropped, not duplicated), and a checkpoint past training.steps is said to be so.
+TEST_CASE("checkpoint: resume trims metrics.jsonl; a checkpoint past the last step is named",
+          "[checkpoint]") {
+  test::TempDir dir("trim");
+  const std::string args = "--checkpoint.enable --checkpoint.interval 3 --job.dump_folder " +
+                           dir.file("r") + " --training.steps ";
+  REQUIRE(test::run(cmd(args + "6")).rc == 0);
+  fs::remove_all(dir.file("r") + "/checkpoint/step-6");
+  auto again = test::run(cmd(args + "6"));
+  INFO(again.out);
+  REQUIRE(again.rc == 0);
+  CHECK_THAT(again.out, Contains("at step 3") && Contains("dropped 3 rows after step 3"));
+  size_t rows = 0;
+  std::stringstream ss(test::read_file(dir.file("r") + "/metrics.jsonl"));
+  for (std::string line; std::getline(ss, line);) rows += line.find("\"loss\"") != std::string::npos;
+  CHECK(rows == 6);
+  CHECK(losses(dir.file("r")).size() == 6);
+  auto past = test::run(cmd(args + "4"));
+  INFO(past.out);
+  CHECK(past.rc == 0);
+  CHECK_THAT(past.out, Contains("the checkpoint is at step 6, already at or past the last step "
+                                "(training.steps = 4): nothing to train"));
+}
+
+// A resume never silently falls back to an older step: a newer folder that is no complete
+// checkpoint is named with the reason, and a damaged newest checkpoint's error names the step
+// before it as the way back.
+TEST_CASE("checkpoint: skipped and damaged newest checkpoints are named", "[checkpoint]") {
+  test::TempDir dir("skipped");
+  JobConfig cfg = default_config();
+  cfg.job.dump_folder = dir.file("r");
+  cfg.checkpoint.enable = true;
+  Llama3Args small = llama3_flavor("debugmodel");
+  small.dim = 64;
+  Llama3 a(small, at::kCPU);
+  a.init_weights(1);
+  std::vector<bool> decay(a.params().all().size(), true);
+  AdamW opt(a.params().tensors(), decay, cfg.optimizer);
+  Checkpointer ck(cfg, 0, 1);
+  for (int64_t step : {3, 5, 7}) {
+    TrainingState s{&a, &opt, {}, {}, step, 0};
+    ck.save(s, false);
+  }
+  const std::string root = dir.file("r") + "/checkpoint";
+  fs::remove(root + "/step-7/metadata.json");
+  TrainingState st{&a, &opt, {}, {}, 0, 0};
+  const std::string what = ck.load(st);
+  CHECK(st.step == 5);
+  CHECK_THAT(what, Contains("resumed from " + root + "/step-5") &&
+                       Contains("skipped " + root + "/step-7: it has no metadata.json"));
+  // Damage step-5's shard: its CRC fails, and the message offers step 3.
+  {
+    std::fstream f(root + "/step-5/rank-00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(root + "/step-5/rank-00000.safetensors") / 2));
+    f.write("garbage!", 8);
+  }
+  CHECK_THROWS_WITH(ck.load(st), Contains("rank-00000.safetensors") &&
+                                     Contains("checkpoint.load_step = 3"));
+}
+
 TEST_CASE("checkpoint: last_save_in_hf exports weights that initial_load_in_hf loads back",
           "[checkpoint][hf]") {
   test::TempDir dir("hfckpt");
@@ -272,8 +370,10 @@ TEST_CASE("checkpoint: last_save_in_hf exports weights that initial_load_in_hf l
   // trained weights must give a clearly lower first loss.
   const std::string one = "--training.steps 1 --optimizer.lr 0 --lr_scheduler.warmup_steps 0 ";
   auto fresh = test::run(cmd(one + "--job.dump_folder " + dir.file("fresh")));
+  // Loading initial weights does not need checkpoint.enable (saving): without it, as here,
+  // the weights were once silently not loaded.
   auto loaded = test::run(cmd(one +
-                              "--checkpoint.enable --checkpoint.initial_load_in_hf "
+                              "--checkpoint.initial_load_in_hf "
                               "--checkpoint.initial_load_path " +
                               hf + " --job.dump_folder " + dir.file("b")));
   INFO(loaded.out);
@@ -281,6 +381,14 @@ TEST_CASE("checkpoint: last_save_in_hf exports weights that initial_load_in_hf l
   REQUIRE(loaded.rc == 0);
   CHECK_THAT(loaded.out, Contains("initialized from Hugging Face weights"));
   CHECK(losses(dir.file("b"))[1] < losses(dir.file("fresh"))[1] - 0.5);
+  CHECK_FALSE(fs::exists(dir.file("b") + "/checkpoint"));  // nothing saved
+  // The same for a native checkpoint folder.
+  auto native = test::run(cmd(one + "--checkpoint.initial_load_path " + dir.file("a") +
+                              "/checkpoint/step-30 --job.dump_folder " + dir.file("c")));
+  INFO(native.out);
+  REQUIRE(native.rc == 0);
+  CHECK_THAT(native.out, Contains("initialized from " + dir.file("a") + "/checkpoint/step-30"));
+  CHECK(losses(dir.file("c"))[1] == Approx(losses(dir.file("b"))[1]).epsilon(1e-4));
 }
 
 TEST_CASE("checkpoint: deepseek_v3 last_save_in_hf exports the checkpoint's weights and biases",

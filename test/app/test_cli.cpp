@@ -3,7 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 
+#include <signal.h>
+
+#include "app/checkpointer.h"
 #include "core/config/config.h"
 #include "test_util.h"
 
@@ -27,6 +31,33 @@ TEST_CASE("cli: --help lists every key with type and default", "[cli]") {
   }
 }
 
+// A bare `titan-train` used to start a 10,000-step run into ./outputs: it prints the usage.
+TEST_CASE("cli: no arguments print a short usage; --help lists the subcommands", "[cli]") {
+  test::TempDir dir("cli-bare");
+  auto r = test::run("cd " + dir.path.string() + " && env -u RANK -u WORLD_SIZE " +
+                     test::binary());
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("Usage:") &&
+                        Contains("Subcommands: estimate, data-preview, tokenize, convert-hf") &&
+                        Contains("titan-train --config configs/llama3_debug.toml"));
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 25);  // short: no option list
+  CHECK(fs::is_empty(dir.path));                                // nothing trained or written
+  auto h = titan_run("--help");
+  for (const char* sub : {"titan-train estimate", "titan-train data-preview",
+                          "titan-train tokenize", "titan-train convert-hf"})
+    CHECK_THAT(h.out, Contains(sub));
+}
+
+TEST_CASE("cli: a UTF-8 byte-order mark at the start of a TOML file is skipped", "[cli]") {
+  test::TempDir dir("cli-bom");
+  test::write_file(dir.file("bom.toml"), "\xEF\xBB\xBF[training]\nsteps = 3\n");
+  auto r = titan_run("--config " + dir.file("bom.toml") + " --dump-config");
+  INFO(r.out);
+  CHECK(r.rc == 0);  // was: "a non-ASCII byte (0xEF)", exit 2
+  CHECK_THAT(r.out, Contains("\nsteps = 3\n"));
+}
+
 TEST_CASE("cli: every bad-input class exits 2 naming the key or file and writes nothing", "[cli]") {
   test::TempDir dir("cli");
   std::string dump = dir.file("out");
@@ -36,6 +67,8 @@ TEST_CASE("cli: every bad-input class exits 2 naming the key or file and writes 
   test::write_file(dir.file("section.toml"), "[trainer]\nsteps = 3\n");
   test::write_file(dir.file("type.toml"), "[optimizer]\nlr = \"fast\"\n");
   test::write_file(dir.file("range.toml"), "[optimizer]\nbeta1 = 1.5\n");
+  test::write_file(dir.file("huge.toml"), "[training]\nlocal_batch_size = 9223372036854775807\n");
+  test::write_file(dir.file("inf.toml"), "[optimizer]\nweight_decay = inf\n");
   test::write_file(dir.file("batch.toml"),
                    "[training]\nlocal_batch_size = 4\nglobal_batch_size = 6\n");
   struct Case {
@@ -51,6 +84,23 @@ TEST_CASE("cli: every bad-input class exits 2 naming the key or file and writes 
       {"--config " + dir.file("type.toml"), {"optimizer.lr", "expected float", "string"}},
       {"--config " + dir.file("range.toml"), {"optimizer.beta1 = 1.5", "0.0 <= value <= 1.0"}},
       {"--config " + dir.file("batch.toml"), {"global_batch_size = 6", "multiple of 4"}},
+      // Absurd batch sizes are refused before any allocation (not "vector::reserve", exit 1).
+      {"--config " + dir.file("huge.toml"),
+       {"training.local_batch_size = 9223372036854775807", "local_batch_size x seq_len <="}},
+      {"--training.global_batch_size 4611686018427387904",
+       {"training.global_batch_size = 4611686018427387904", "global_batch_size x seq_len <="}},
+      // Infinity means nothing for these (the loss only turns nan); nan was refused already.
+      {"--optimizer.lr inf", {"optimizer.lr = inf", "value >= 0.0, finite"}},
+      {"--config " + dir.file("inf.toml"), {"optimizer.weight_decay = inf", "finite"}},
+      // Keys that cannot act name the key that turns them off (checkpoint.enable is false).
+      {"--checkpoint.load_step 3", {"checkpoint.load_step = 3", "checkpoint.enable = false"}},
+      {"--checkpoint.last_save_in_hf", {"last_save_in_hf = true", "checkpoint.enable = false"}},
+      {"--checkpoint.initial_load_in_hf", {"initial_load_in_hf", "initial_load_path is empty"}},
+      // The capacity factor sizes the static expert-parallel exchange only.
+      {"--moe.ep_capacity_factor 1.25",
+       {"moe.ep_capacity_factor = 1.25 has no effect", "expert_parallel_degree = 1"}},
+      {"--moe.ep_capacity_factor 1.25 --parallelism.expert_parallel_degree 2",
+       {"moe.ep_capacity_factor = 1.25 has no effect", "ep_exchange = \"auto\" without"}},
       {"--training.stepz 3", {"--training.stepz", "--training.steps"}},
       {"--training.steps ten", {"training.steps", "expected int"}},
       {"--training.steps 0", {"training.steps = 0", "value >= 1"}},
@@ -127,6 +177,8 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
       {"--profiling.enable_memory_snapshot true --training.steps 3", "training", "steps", "3"},
       {"--profiling.profile_freq 5", "profiling", "profile_freq", "5"},
       {"--job.print_args", "job", "print_config", "true"},
+      // inf keeps its meaning where the default is inf (the no-drop worst case).
+      {"--moe.ep_capacity_factor inf", "moe", "ep_capacity_factor", "inf"},
       // Degrees against the world are a launch check: --dump-config has no world.
       {"--parallelism.expert_parallel_degree 8", "parallelism", "expert_parallel_degree", "8"},
   };
@@ -216,4 +268,92 @@ TEST_CASE("cli: every error ends in one message and its exit status", "[cli]") {
   INFO(cuda.out);
   CHECK(cuda.rc == 2);
   CHECK_THAT(cuda.out, Contains("training.device = \"cuda\"") && Contains("allowed here: cpu, auto"));
+}
+
+// scripts/run_train.sh runs where it is called from (relative paths and ./outputs are the
+// caller's) and returns the workers' exit status without torchrun's Python traceback: bad
+// input stays 2, a SIGTERM that saves cleanly is 0.
+TEST_CASE("cli: run_train.sh keeps the caller's directory and returns the workers' status",
+          "[cli][dist]") {
+  test::TempDir dir("cli-run-train");
+  {  // a relative data file, found from the caller's directory
+    std::ifstream in(test::corpus_path(), std::ios::binary);
+    std::string text(200000, '\0');
+    in.read(&text[0], static_cast<std::streamsize>(text.size()));
+    test::write_file(dir.file("data.txt"), text);
+  }
+  const std::string script = "env -u RANK -u WORLD_SIZE TORCHRUN=" + test::torchrun() +
+                             " TITAN_BINARY=" + test::binary() + " bash " + test::source_dir() +
+                             "/scripts/run_train.sh ";
+  const std::string launch = "cd " + dir.path.string() + " && " + script;
+  const std::string small =
+      "--training.dataset_path data.txt --training.seq_len 64 --training.local_batch_size 2 "
+      "--metrics.log_freq 1 --metrics.enable_tensorboard false --validation.enable false ";
+  auto ok = test::run(launch + small + "--training.steps 2");
+  INFO(ok.out);
+  CHECK(ok.rc == 0);
+  // configs/llama3_debug.toml's dump folder, ./outputs/llama3_debug, under the caller's cwd.
+  CHECK(test::losses(dir.file("outputs/llama3_debug")).size() == 2);
+
+  auto bad = test::run(launch + "--training.stepz 3");
+  INFO(bad.out);
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.out, Contains("titan-train: error: command line: unknown option --training.stepz"));
+  CHECK_THAT(bad.out, !Contains("Traceback") && !Contains("ChildFailedError"));
+
+  // SIGTERM to the script: every worker finishes its step, saves, exits 0; so does the script.
+  // `;` not `&&`: the & must put the script itself (env execs bash) in the background, so
+  // $p is its pid.
+  auto term = test::run(
+      "cd " + dir.path.string() + "; " + script + small +
+      "--training.steps 100000 --checkpoint.enable --checkpoint.interval 100000 "
+      "--job.dump_folder t > t.log 2>&1 & p=$!; for i in $(seq 1500); do "
+      "[ \"$(cat t/metrics.jsonl 2>/dev/null | wc -l)\" -ge 3 ] && break; sleep 0.2; done; "
+      "kill -TERM $p; wait $p; echo \"rc=$?\"; cat t.log");
+  INFO(term.out);
+  CHECK_THAT(term.out, Contains("rc=0"));
+  CHECK_THAT(term.out, Contains("received signal 15") && !Contains("Traceback") &&
+                           !Contains("SignalException"));
+  CHECK(fs::exists(dir.file("t/checkpoint")));
+  CHECK(Checkpointer::complete_steps(dir.file("t/checkpoint")).size() == 1);
+}
+
+// A loss that turns nan or inf ends the run with its own status (README: 4), on stderr,
+// naming the step and the newest checkpoint trained on finite losses. A huge but finite lr
+// (inf itself is refused) makes step 1's update blow the weights up.
+TEST_CASE("cli: a diverged loss exits 4 naming the step and the last good checkpoint", "[cli]") {
+  test::TempDir dir("cli-nan");
+  const std::string run = "--config " + test::source_dir() +
+                          "/configs/llama3_debug.toml --training.steps 5 --metrics.log_freq 1 "
+                          "--training.local_batch_size 2 --training.seq_len 32 "
+                          "--validation.enable false --lr_scheduler.warmup_steps 0 "
+                          "--optimizer.lr 1e30 --checkpoint.enable --checkpoint.interval 1 "
+                          "--job.dump_folder " + dir.file("out");
+  // stderr alone into a file (the inner redirection wins over test::run's 2>&1).
+  auto r = test::run("{ env -u RANK -u WORLD_SIZE " + test::binary() + " " + run + " 2>" +
+                     dir.file("err") + "; }");
+  const std::string err = test::read_file(dir.file("err"));
+  INFO(r.out << err);
+  CHECK(r.rc == 4);
+  CHECK_THAT(err, Contains("titan-train: error: the loss is") && Contains(" at step 2 ") &&
+                      Contains("the last good checkpoint is " + dir.file("out") +
+                               "/checkpoint/step-1") &&
+                      Contains("checkpoint.load_step = 1"));
+}
+
+// c10's CPU allocator reports a failed host allocation as a plain c10::Error: it is out of
+// memory (3, with the hint), not an internal error (1). A virtual-memory limit makes the
+// first activation allocation fail without touching the machine's memory.
+TEST_CASE("cli: host out of memory exits 3 with the hint", "[cli]") {
+  test::TempDir dir("cli-hostoom");
+  auto r = test::run("ulimit -v 6000000 && env -u RANK -u WORLD_SIZE " + test::binary() +
+                     " --config " + test::source_dir() +
+                     "/configs/llama3_debug.toml --training.steps 1 --training.seq_len 64 "
+                     "--training.local_batch_size 100000 --validation.enable false "
+                     "--job.dump_folder " + dir.file("out"));
+  INFO(r.out);
+  CHECK(r.rc == 3);
+  CHECK_THAT(r.out, Contains("titan-train: out of memory:") &&
+                        Contains("training.local_batch_size (now 100000)"));
+  CHECK_THAT(r.out, !Contains("internal error"));
 }

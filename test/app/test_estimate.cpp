@@ -57,6 +57,34 @@ TEST_CASE("estimate: llama3 405B on 1024 ranks without allocating it", "[app][es
   CHECK_THAT(r.out, Catch::Matchers::Contains("MFU"));
 }
 
+// The estimate compares its total with the chosen card's memory (less a reserve) and says
+// FITS or DOES NOT FIT with the margin, naming the keys that would shrink a plan that does not.
+TEST_CASE("estimate: says whether the plan fits the GPU, with the margin", "[app][estimate]") {
+  auto small = estimate("--config configs/llama3_debug.toml --world 1 --gpu h100");
+  INFO(small.out);
+  REQUIRE(small.rc == 0);
+  CHECK_THAT(small.out, Catch::Matchers::Contains("fit: FITS on one h100 (79.2 GiB") &&
+                            Catch::Matchers::Contains("GiB to spare"));
+  auto big = estimate("--config configs/llama3_8b.toml --world 1 --gpu h100 "
+                      "--set 'model.flavor=\"70B\"'");
+  INFO(big.out);
+  REQUIRE(big.rc == 0);
+  CHECK_THAT(big.out, Catch::Matchers::Contains("fit: DOES NOT FIT on one h100") &&
+                          Catch::Matchers::Contains("GiB over") &&
+                          Catch::Matchers::Contains("parallelism.data_parallel_shard_degree, now 1") &&
+                          Catch::Matchers::Contains("training.local_batch_size (now"));
+  // The margin is the card's memory less the reserve less the total.
+  const double total = gib_of(big.out, "total");
+  std::smatch m;
+  const std::string out = big.out;
+  REQUIRE(std::regex_search(out, m, std::regex(R"(([0-9.]+) GiB over)")));
+  CHECK(std::stod(m[1]) == Approx(total - (79.2 - 4.0)).margin(0.01));
+  // On an H200 the same small plan has more to spare; the MFU is labelled an assumption.
+  auto h200 = estimate("--config configs/llama3_debug.toml --world 1 --gpu h200");
+  CHECK_THAT(h200.out, Catch::Matchers::Contains("fit: FITS on one h200 (139.8 GiB") &&
+                           Catch::Matchers::Contains("(assumed:"));
+}
+
 TEST_CASE("estimate: tensor parallelism divides the parameters and counts its collectives",
           "[app][estimate][tp]") {
   // torchtitan's llama3_70b.toml (TP 8, FSDP over the rest) on 64 GPUs: each rank holds

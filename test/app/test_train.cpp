@@ -134,6 +134,18 @@ TEST_CASE("train: bad data and model input exits 2 naming the key or file", "[tr
     for (auto& e : c.expect) CHECK_THAT(r.out, Contains(e));
     CHECK_FALSE(fs::exists(dump));
   }
+  // Too little validation data is refused at start (it used to surface at the first
+  // validation, after training), with the hint for its own source, not holdout_fraction.
+  test::write_file(dir.file("val.txt"), test::read_file(test::corpus_path()).substr(0, 3000));
+  auto v = run_titan("--job.dump_folder " + dump + " --training.steps 5 --validation.enable "
+                     "--validation.freq 1000 --validation.dataset_path " + dir.file("val.txt"));
+  INFO(v.out);
+  CHECK(v.rc == 2);
+  const std::string error = v.out.substr(v.out.find("titan-train: error:"));
+  CHECK_THAT(error, Contains("validation.dataset_path") &&
+                        Contains("more documents in validation.dataset_path") &&
+                        !Contains("holdout_fraction"));
+  CHECK_FALSE(fs::exists(dump + "/metrics.jsonl"));
 }
 
 TEST_CASE("train: tokenize makes a .tok file that trains like the JSONL it came from", "[train]") {
@@ -165,11 +177,57 @@ TEST_CASE("train: tokenize makes a .tok file that trains like the JSONL it came 
   auto la = losses(dir.file("a")), lb = losses(dir.file("b"));
   REQUIRE(la.size() == 3);
   for (int64_t s = 1; s <= 3; ++s) CHECK(la[s] == lb[s]);
+  // The file of the 2048-token tokenizer under the 258-token byte tokenizer: refused at start
+  // (it used to train, every id past 257 meaningless to the run's tokenizer).
+  auto other = run_titan(common + "--model.tokenizer_path bytes --training.dataset_path " +
+                         dir.file("c.tok") + " --job.dump_folder " + dir.file("o"));
+  INFO(other.out);
+  CHECK(other.rc == 2);
+  CHECK_THAT(other.out, Contains(dir.file("c.tok")) &&
+                            Contains("written for a vocabulary of 2048 tokens") &&
+                            Contains("has 258 tokens"));
+  CHECK_FALSE(fs::exists(dir.file("o") + "/metrics.jsonl"));
   // A bad input file is a clean error.
   auto bad = test::run(test::binary() + " tokenize --tokenizer " + test::tokenizer_path() +
                        " --input " + dir.file("none.jsonl") + " --output " + dir.file("x.tok"));
   CHECK(bad.rc == 2);
   CHECK_THAT(bad.out, Contains("none.jsonl"));
+}
+
+// A token cache (made from the user's .txt) that turns out bad is named by the user's file
+// first, not only by its cache path; a warmup longer than the run is said to be clipped.
+TEST_CASE("train: errors about a token cache name the user's file", "[train]") {
+  test::TempDir dir("cachename");
+  test::write_file(dir.file("c.txt"), test::read_file(test::corpus_path()).substr(0, 100000));
+  // A cache of its own (TITAN_CACHE), so the damage below touches nobody else's.
+  const std::string run = "cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE TITAN_CACHE=" +
+                          dir.file("cache") + " " + test::binary() +
+                          " --config configs/llama3_debug.toml --training.steps 2 "
+                          "--training.local_batch_size 2 --training.seq_len 64 "
+                          "--validation.enable false --model.tokenizer_path " +
+                          test::tokenizer_path() + " --training.dataset_path " + dir.file("c.txt") +
+                          " --job.dump_folder ";
+  auto first = test::run(run + dir.file("a"));
+  INFO(first.out);
+  REQUIRE(first.rc == 0);
+  CHECK_THAT(first.out, Contains("lr_scheduler.warmup_steps = 20 is longer than the run "
+                                 "(training.steps = 2): warmup is clipped to 2 steps"));
+  std::string cached;
+  for (auto& e : fs::recursive_directory_iterator(dir.file("cache")))
+    if (e.path().extension() == ".tok") cached = e.path().string();
+  REQUIRE(!cached.empty());
+  {  // the cache's bytes-per-token field (bytes 12..15) damaged; its version still says 2,
+     // so the cache counts as complete and is opened, not rebuilt
+    std::fstream f(cached, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.write("\x03\0\0\0", 4);
+  }
+  auto second = test::run(run + dir.file("b"));
+  INFO(second.out);
+  CHECK(second.rc == 2);
+  CHECK_THAT(second.out, Contains("titan-train: error: token file '" + dir.file("c.txt") +
+                                  "' (tokenized into the cache file '" + cached +
+                                  "'): bytes per token 3"));
 }
 
 TEST_CASE("train: a data shard truncated while training stops the run naming it", "[train]") {

@@ -1311,3 +1311,79 @@ TEST_CASE("hf: FSDP-sharded llama3 and deepseek_v3 parameters import the full im
           k, at::kFloat, biases);
   }
 }
+
+// A Llama-architecture folder of dimensions no built-in flavor has (as many small public
+// models are): its config.json gives the flavor ("hf:DIR" for training, --flavor hf for
+// convert-hf), the weights import bit-exactly, and a run trains from them.
+TEST_CASE("hf: a custom-dimension Llama folder imports from its config.json", "[hf]") {
+  test::TempDir tmp("hf-custom");
+  Llama3Args a = llama3_flavor("debugmodel");
+  a.dim = 96;
+  a.n_layers = 2;
+  a.n_heads = 6;
+  a.n_kv_heads = 2;
+  a.vocab_size = 320;
+  a.multiple_of = 200;  // intermediate_size 200: no multiple_of/multiplier pair of ours makes it
+  a.ffn_dim_multiplier = 0.78;
+  a.rope_scaling.factor = 1.0;
+  a.rope_theta = 10000;
+  a.tie_embeddings = true;
+  REQUIRE(llama_ffn_hidden(a.dim, a.multiple_of, a.ffn_dim_multiplier) == 200);
+  Llama3 src(a, at::kCPU);
+  src.init_weights(3);
+  const std::string dir = tmp.file("hf");
+  export_llama3_hf(src, dir, {});
+  // Written by transformers' conventions, not ours: a common ffn width, no multiple_of.
+  auto cfg = nlohmann::json::parse(test::read_file(dir + "/config.json"));
+  CHECK(cfg["intermediate_size"] == 200);
+
+  const Llama3Args b = llama3_flavor("hf:" + dir);
+  CHECK(b.dim == 96);
+  CHECK(b.n_layers == 2);
+  CHECK(b.n_heads == 6);
+  CHECK(b.n_kv_heads == 2);
+  CHECK(b.vocab_size == 320);
+  CHECK(llama_ffn_hidden(b.dim, b.multiple_of, b.ffn_dim_multiplier) == 200);
+  CHECK(b.rope_theta == 10000);
+  CHECK(b.rope_scaling.factor == 1.0);
+  CHECK(b.tie_embeddings);
+  CHECK(llama3_matching_flavor(b).empty());
+  CHECK(llama3_matching_flavor(llama3_flavor("1B")) == "1B");
+  Llama3 dst(b, at::kCPU);
+  import_llama3_hf(dst, dir);
+  for (size_t i = 0; i < src.params().all().size(); ++i)
+    CHECK(src.params().all()[i].value.equal(dst.params().all()[i].value));
+  // Every intermediate_size comes out exactly.
+  for (int64_t dim : {64, 96, 2048})
+    for (int64_t ffn : {2, 100, 173, 200, 5461, 8192, 14336}) {
+      cfg["hidden_size"] = dim;
+      cfg["num_attention_heads"] = 8;
+      cfg["num_key_value_heads"] = 8;
+      cfg["head_dim"] = dim / 8;
+      cfg["intermediate_size"] = ffn;
+      fs::create_directories(tmp.file("cfg"));
+      test::write_file(tmp.file("cfg/config.json"), cfg.dump());
+      const Llama3Args c = llama3_args_from_hf_config(tmp.file("cfg"));
+      INFO(dim << " " << ffn);
+      CHECK(llama_ffn_hidden(c.dim, c.multiple_of, c.ffn_dim_multiplier) == ffn);
+    }
+
+  // convert-hf --flavor hf names the custom flavor and converts.
+  auto conv = test::run(test::binary() + " convert-hf --model llama3 --flavor hf --from-hf " + dir +
+                        " --to-safetensors " + tmp.file("w.safetensors"));
+  INFO(conv.out);
+  CHECK(conv.rc == 0);
+  CHECK_THAT(conv.out, Catch::Matchers::Contains("dim 96, 2 layers, 6 heads (2 KV), ffn 200") &&
+                           Catch::Matchers::Contains("a custom flavor"));
+  // Training from the folder with model.flavor = "hf:DIR".
+  auto run = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
+                       test::binary() + " --config configs/llama3_debug.toml --model.flavor hf:" +
+                       dir + " --model.tokenizer_path bytes --training.steps 1 "
+                       "--training.local_batch_size 2 --training.seq_len 32 --validation.enable false "
+                       "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " + dir +
+                       " --job.dump_folder " + tmp.file("run"));
+  INFO(run.out);
+  CHECK(run.rc == 0);
+  CHECK_THAT(run.out, Catch::Matchers::Contains("a custom flavor") &&
+                          Catch::Matchers::Contains("initialized from Hugging Face weights"));
+}

@@ -332,7 +332,7 @@ TEST_CASE("data: a .tok token above its header's max id is an error naming the f
     FAIL("no error");
   } catch (const UserError& e) {
     CHECK_THAT(e.what(), Contains(path) && Contains("token id 16391 at token offset 5") &&
-                             Contains("outside the model's vocabulary"));
+                             Contains("outside this run's vocabulary"));
   }
   auto wide = TokenSource::open(path, 65536);  // inside the vocabulary, above the header's max
   try {
