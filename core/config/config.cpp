@@ -82,7 +82,7 @@ bool parse_bool_text(const std::string& t, bool& out) {
 
 bool infinity_allowed(const Option& opt) {
   const double* d = std::get_if<double>(&opt.default_value);
-  return d && std::isinf(*d);
+  return opt.allow_inf || (d && std::isinf(*d));
 }
 
 std::string allowed_text(const Option& opt) {

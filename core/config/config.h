@@ -187,6 +187,7 @@ struct Option {
   std::string help;
   std::vector<std::string> choices;  // strings (and list items) must be one of these
   std::optional<double> min, max;    // numbers (and list items) must lie in [min, max]
+  bool allow_inf = false;            // floats: inf is a meaningful value (else only a default)
   // Older torchtitan spellings ("section.key"): accepted, with one warning naming this name.
   std::vector<std::string> aliases;
   // Non-empty: a torchtitan feature titan-train does not have yet ("tensor parallelism").

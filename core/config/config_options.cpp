@@ -40,6 +40,12 @@ struct Def {
     o->max = hi;
     return *this;
   }
+  // inf is a meaningful value of this float (it is refused for the others unless it is the
+  // default).
+  Def& infinity() {
+    o->allow_inf = true;
+    return *this;
+  }
   Def& alias(std::string a) {
     o->aliases.push_back(std::move(a));
     return *this;
@@ -388,7 +394,8 @@ void moe_options(std::vector<Option>& out) {
         "ep), i.e. factor x the balanced share, at most the worst case; a step that overflows "
         "is run again with the exact exchange (unless ep_drop_policy drops); inf: the worst "
         "case, which never overflows")
-      .range(0.0, kNoMax);
+      .range(0.0, kNoMax)
+      .infinity();
   s.add("ep_capacity_factor_max", &MoESection::ep_capacity_factor_max, 4.0,
         "Static exchange: repeated overflows (4 in 100 steps) grow the capacity factor x1.5 up "
         "to this cap (at least ep_capacity_factor); past it the run continues eagerly with the "
