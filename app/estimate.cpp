@@ -17,7 +17,9 @@
 #include "app/train_step.h"
 #include "core/telemetry/memory_stats.h"
 #include "core/train/model.h"
+#include "models/moe_model.h"
 #include "models/registry.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace titan {
@@ -376,6 +378,34 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
   (void)gpu;
 }
 
+// The static expert exchange's buffers (compile.enable, or ep_exchange = "static"): per MoE
+// layer and forward, at the configured capacity factor, the balanced share, the growth cap and
+// the worst case. Not added to the total above, whose activations count balanced routing; the
+// experts' rows saved for backward scale by the same factor over balanced.
+void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
+  const auto* moe = dynamic_cast<const MoETransformer*>(&m);
+  const std::string& x = cfg.moe.ep_exchange;
+  if (!moe || pl.ep <= 1 || !(x == "static" || (x == "auto" && cfg.compile.enable))) return;
+  const auto layers = moe->moe_layers();
+  if (layers.empty()) return;
+  const int64_t top_k = layers.front()->args().top_k, E = moe->num_experts();
+  // Routed rows (token-expert pairs) per rank and micro-batch: the tensor-parallel ranks share
+  // a dp rank's tokens along the sequence.
+  const int64_t n = pl.local_batch * pl.seq_len / std::max<int64_t>(1, pl.tp) * top_k;
+  const int64_t El = E / pl.ep, dim = m.info().dim, eb = pl.param_bytes;
+  auto mib = [&](double f) {
+    return static_cast<double>(ep_static_buffer_bytes(n, top_k, pl.ep, El, dim, eb, f)) /
+           (1024.0 * 1024.0);
+  };
+  const double f = cfg.moe.ep_capacity_factor;
+  const double cap = std::max(f, cfg.moe.ep_capacity_factor_max);
+  std::printf("static expert exchange: receive buffer per MoE layer and forward %.1f MiB at "
+              "capacity factor %g (balanced %.1f MiB, growth cap %g: %.1f MiB, worst case "
+              "%.1f MiB); %zu MoE layers; not in the total above (balanced routing), the "
+              "experts' saved rows scale by the same factor\n",
+              mib(f), f, mib(1.0), cap, mib(cap), mib(INFINITY), layers.size());
+}
+
 }  // namespace
 
 int run_estimate_command(int argc, char** argv) {
@@ -399,6 +429,7 @@ int run_estimate_command(int argc, char** argv) {
               static_cast<long long>(pl.seq_len), pl.ac.c_str());
   const double total = print_memory(pl, s, act);
   print_fit(cfg, pl, s, total, g, a.gpu);
+  print_exchange(cfg, pl, *m);
   print_time(info, pl, s, g, a.gpu);
   return 0;
 }

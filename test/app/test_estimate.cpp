@@ -224,3 +224,24 @@ TEST_CASE("estimate: every shipped config with compile.enable on and off", "[app
       CHECK_THAT(r.out, Catch::Matchers::Contains("GiB"));
     }
 }
+
+TEST_CASE("estimate: the static expert exchange's buffers at the capacity factor", "[app][estimate]") {
+  // issue 28: with compile.enable and EP the static exchange's receive buffer per MoE layer
+  // is printed at the factor, beside the balanced share and the worst case. DeepSeek-V3 671B
+  // at EP 64, one 4096-token sequence per rank, bf16: balanced = 4096 x top 8 x 7168 x 2 B =
+  // 448 MiB; factor 2 twice that; worst case 32x (4 local experts of a token's 8 per pair).
+  auto r = estimate("--config configs/deepseek_v3_debug.toml --world 256 "
+                    "--set 'model.flavor=\"671B\"' --set compile.enable=true "
+                    "--set parallelism.expert_parallel_degree=64 --set training.seq_len=4096 "
+                    "--set training.local_batch_size=1");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains(
+                        "896.0 MiB at capacity factor 2 (balanced 448.0 MiB, growth cap 4: "
+                        "1792.0 MiB, worst case 14336.0 MiB); 58 MoE layers"));
+  // Without compile.enable the default exchange is the exact one: no such line.
+  auto exact = estimate("--config configs/deepseek_v3_debug.toml --world 2 "
+                        "--set parallelism.expert_parallel_degree=2");
+  REQUIRE(exact.rc == 0);
+  CHECK_THAT(exact.out, !Catch::Matchers::Contains("static expert exchange"));
+}
