@@ -191,6 +191,11 @@ void CaptureCheck::begin_step(const std::string& inputs_key) {
   ++step_;
   if (step_ <= warmup_) return;
   rec_ = std::make_unique<Recording>();
+  start_recording();
+}
+
+// Records this thread's ops into rec_ from here (a new step, or after a pause).
+void CaptureCheck::start_recording() {
   t_rec = rec_.get();
   t_modules.clear();
   t_bwd_modules.clear();
@@ -211,15 +216,7 @@ void CaptureCheck::pause() {
 
 void CaptureCheck::resume() {
   if (!rec_ || rec_->handle != 0) return;
-  t_rec = rec_.get();
-  t_modules.clear();
-  t_bwd_modules.clear();
-  t_device_reader = 0;
-  rec_->handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(&on_enter, &on_exit)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                   at::RecordScope::USER_SCOPE}));
+  start_recording();
 }
 
 bool CaptureCheck::end_step() {

@@ -78,6 +78,7 @@ class CaptureCheck {
 
  private:
   [[noreturn]] void fail(const std::string& what) const;
+  void start_recording();
 
   int64_t warmup_;
   int64_t step_ = 0;         // steps begun since the reference was reset
