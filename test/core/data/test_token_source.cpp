@@ -73,7 +73,8 @@ TEST_CASE("data: every format, folder and glob reads what numpy's memmap reads",
     CHECK(src->num_tokens() == e["tokens"].get<int64_t>());
     CHECK(src->num_docs() == e["docs"].get<int64_t>());
     auto starts = e["doc_starts"].get<std::vector<int64_t>>();
-    for (size_t d = 0; d < starts.size(); ++d) CHECK(src->doc_start(static_cast<int64_t>(d)) == starts[d]);
+    for (size_t d = 0; d < starts.size(); ++d)
+      CHECK(src->doc_start(static_cast<int64_t>(d)) == starts[d]);
     // Every window, several of which cross a shard boundary in the folders and globs.
     auto windows = e["windows"].get<std::vector<std::vector<int64_t>>>();
     REQUIRE(!windows.empty());
@@ -98,8 +99,9 @@ TEST_CASE("data: every format, folder and glob reads what numpy's memmap reads",
   CHECK(dirsrc->locate(first + 5).offset == 5);
 }
 
-TEST_CASE("data: Megatron files from megatron-core's IndexedDatasetBuilder read back token for token",
-          "[data]") {
+TEST_CASE(
+    "data: Megatron files from megatron-core's IndexedDatasetBuilder read back token for token",
+    "[data]") {
   const nlohmann::json& ref = reference();
   int checked = 0;
   for (auto& e : ref["sources"]) {
@@ -136,8 +138,8 @@ TEST_CASE("data: write_tok_v2 writes the layout numpy reads", "[data]") {
     auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"header\"")));
     CHECK(j["header"]["width"] == (vocab <= 65536 ? 2 : 4));
     CHECK(j["header"]["tokens_at"].get<int64_t>() % 4096 == 0);
-    CHECK(j["header"]["size"] == j["header"]["tokens_at"].get<int64_t>() +
-                                     5000 * j["header"]["width"].get<int64_t>());
+    CHECK(j["header"]["size"] ==
+          j["header"]["tokens_at"].get<int64_t>() + 5000 * j["header"]["width"].get<int64_t>());
     CHECK(j["header"]["max_id"] == *std::max_element(tokens.begin(), tokens.end()));
     CHECK(j["header"]["vocab"] == vocab);
     CHECK(j["offsets"].get<std::vector<int64_t>>() == offsets);
@@ -217,7 +219,8 @@ TEST_CASE("data: bad token files are one-line UserErrors naming the file", "[dat
     CHECK_THAT(error_of(f("raw.bin")), Contains(f("raw.bin")) && Contains("first bytes 01 02 68"));
   }
   SECTION("paths: missing, empty folder, empty glob, mixed formats, raw text") {
-    CHECK_THAT(error_of(f("nothing.tok")), Contains(f("nothing.tok")) && Contains("does not exist"));
+    CHECK_THAT(error_of(f("nothing.tok")),
+               Contains(f("nothing.tok")) && Contains("does not exist"));
     fs::create_directories(f("empty"));
     CHECK_THAT(error_of(f("empty")), Contains(f("empty")) && Contains("is empty"));
     CHECK_THAT(error_of(f("none_*.bin")), Contains(f("none_*.bin")) && Contains("matches no file"));
@@ -255,7 +258,8 @@ TEST_CASE("data: token ids at or above the vocabulary", "[data]") {
     auto windows = e["windows"].get<std::vector<std::vector<int64_t>>>();
     std::vector<int64_t> got(static_cast<size_t>(w));
     for (size_t i = 0; i < windows.size(); ++i) {
-      auto bad = std::find_if(windows[i].begin(), windows[i].end(), [&](int64_t t) { return t >= vocab; });
+      auto bad =
+          std::find_if(windows[i].begin(), windows[i].end(), [&](int64_t t) { return t >= vocab; });
       if (bad == windows[i].end()) continue;
       const int64_t pos = static_cast<int64_t>(i) * w + (bad - windows[i].begin());
       const auto loc = src->locate(pos);
@@ -268,8 +272,7 @@ TEST_CASE("data: token ids at or above the vocabulary", "[data]") {
   }
 }
 
-TEST_CASE("data: a shard truncated or overwritten after opening is an error naming it",
-          "[data]") {
+TEST_CASE("data: a shard truncated or overwritten after opening is an error naming it", "[data]") {
   // docs/data.md "Files that change": every read checks its shard's size and modification
   // time; a file replaced by a rename is fine (the mapping keeps the old one).
   test::TempDir dir("changed");
@@ -315,8 +318,7 @@ TEST_CASE("data: a shard truncated or overwritten after opening is an error nami
   }
 }
 
-TEST_CASE("data: a .tok token above its header's max id is an error naming the file",
-          "[data]") {
+TEST_CASE("data: a .tok token above its header's max id is an error naming the file", "[data]") {
   // Found by test/fuzz/fuzz_token_source.cpp: the reader trusted the header's max id, so a
   // damaged token (here 16391 in a file whose header says 299, vocabulary 300) reached the
   // model's embedding.
