@@ -115,8 +115,14 @@ void maybe_plant_error() {
     TORCH_CHECK_WITH(OutOfMemoryError, false,
                      "planted: tried to allocate 1.00 TiB (TITAN_PLANT_ERROR=oom)");
   if (std::strcmp(kind, "std") == 0) throw std::runtime_error("planted std::runtime_error");
+  if (std::strcmp(kind, "host_read") == 0) return;  // acts inside the step (planted_host_read)
   throw UserError("TITAN_PLANT_ERROR = '" + std::string(kind) +
-                  "': allowed: internal, oom, std");
+                  "': allowed: internal, oom, std, host_read");
+}
+
+bool planted_host_read() {
+  const char* kind = std::getenv("TITAN_PLANT_ERROR");
+  return kind && std::strcmp(kind, "host_read") == 0;
 }
 
 }  // namespace titan

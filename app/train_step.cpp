@@ -43,6 +43,10 @@ at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
     if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
     // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
     at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
+    if (o.plant_host_read) {
+      ModuleScope scope("output");
+      (void)loss.item<double>();  // a host read: what the capture check must refuse
+    }
     at::Tensor aux = model.aux_loss();
     at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
     objective.backward();

@@ -25,6 +25,8 @@ struct StepOptions {
   // Expert parallelism: the static exchange's overflow check and re-run between the phases
   // (app/ep_capacity.h), and the exchange's metrics; nullptr without expert parallelism.
   EpCapacityControl* ep = nullptr;
+  // Test hook (TITAN_PLANT_ERROR=host_read): read each micro-batch's loss on the host.
+  bool plant_host_read = false;
 };
 
 struct StepResult {

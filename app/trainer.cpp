@@ -104,7 +104,10 @@ void Trainer::setup_distributed() {
   if (cuda_) cuda_set_device(static_cast<int>(launch_.local_rank));
   device_ = cuda_ ? at::Device(at::kCUDA, static_cast<int>(launch_.local_rank)) : at::kCPU;
   phase_timer_ = std::make_unique<PhaseTimer>(cuda_);
-  bf16_ = cuda_ && cfg_.training.mixed_precision_param == "bfloat16";
+  // bf16 compute on the GPU; on the CPU only under the capture check, so that it certifies
+  // the op stream (bf16 casts, the same grouped and loss paths) the GPU step runs
+  // (docs/compile.md). A plain CPU run stays in fp32.
+  bf16_ = cfg_.training.mixed_precision_param == "bfloat16" && (cuda_ || cfg_.compile.enable);
   if (cfg_.debug.deterministic) {
     at::globalContext().setDeterministicAlgorithms(true, false);
     if (cuda_) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
@@ -383,9 +386,11 @@ void Trainer::setup_compile() {
   compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
   log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
                    "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
-                 : "=> compile: no CUDA here; the step runs eagerly under the capture check "
-                   "(the same op sequence every step, no host read, no collective changing "
-                   "size; docs/compile.md)");
+                 : std::string("=> compile: no CUDA here; the step runs eagerly under the "
+                               "capture check (the same op sequence every step, no host read, "
+                               "no collective changing size; docs/compile.md), ") +
+                       (bf16_ ? "in bf16 compute as the GPU step (training.mixed_precision_param)"
+                              : "in fp32 compute (training.mixed_precision_param = float32)"));
 }
 
 void Trainer::log_plan() const {
@@ -562,6 +567,7 @@ int Trainer::train_loop() {
   o.global_tokens = static_cast<double>(d_.tokens_per_step);
   o.dp_degree = d_.dp_degree;
   o.max_norm = cfg_.training.max_norm;
+  o.plant_host_read = planted_host_read();
   const int64_t first_step = state_.step + 1;
   last_finite_step_ = state_.step;  // the checkpoint resumed from trained on finite losses
   const auto counts0 = ProcessGroup::comm_counts();

@@ -68,10 +68,12 @@ void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_
   ExpertsGemmShape shape;
   shape.dim = dim;
   shape.hidden = expert_hidden;
-  // The trainer computes in bf16 on CUDA with mixed_precision_param = bfloat16 (app/trainer).
-  shape.dtype = device.is_cuda() && cfg.training.mixed_precision_param == "bfloat16"
-                    ? at::kBFloat16
-                    : at::kFloat;
+  // The trainer computes in bf16 with mixed_precision_param = bfloat16 on CUDA, and on the
+  // CPU under the capture check (app/trainer.cpp).
+  shape.dtype =
+      (device.is_cuda() || cfg.compile.enable) && cfg.training.mixed_precision_param == "bfloat16"
+          ? at::kBFloat16
+          : at::kFloat;
   moe.backend = select_experts_backend(cfg.moe.experts_backend, device, cfg.compile.enable, shape);
   moe.load_balance_coeff = cfg.moe.load_balance_coeff;
   moe.seq_aux_loss_coeff = cfg.moe.seq_aux_loss_coeff;

@@ -192,7 +192,7 @@ void training_options(std::vector<Option>& out) {
   s.add("steps", &TrainingSection::steps, 10000, "Optimizer steps to train").range(1.0, kNoMax);
   s.add("mixed_precision_param", &TrainingSection::mixed_precision_param, "bfloat16",
         "Compute dtype of parameters on CUDA (fp32 master weights are kept); CPU runs stay in "
-        "float32")
+        "float32 except under compile.enable, whose capture check runs the GPU's dtypes")
       .choices({"bfloat16", "float32"});
   s.add("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce, "float32",
         "Dtype of gradient reductions across ranks")

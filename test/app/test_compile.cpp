@@ -81,12 +81,16 @@ TEST_CASE("compile: the CPU capture check passes for llama3 and changes no loss"
   test::TempDir dir("compile_llama3");
   const std::string base = "--config configs/llama3_debug.toml --job.dump_folder ";
   auto eager = train(base + dir.file("eager"));
-  auto checked = train(base + dir.file("checked") + " --compile.enable true");
+  // In fp32: a checked run computes in bf16 by default, as the GPU step does (below).
+  auto checked = train(base + dir.file("checked") +
+                       " --compile.enable true --training.mixed_precision_param float32");
   INFO(checked.out);
   REQUIRE(eager.rc == 0);
   REQUIRE(checked.rc == 0);
   CHECK_THAT(checked.out, Contains("ops per step, static"));
   CHECK_THAT(checked.out, Contains("=> compile: no CUDA here"));
+  CHECK_THAT(checked.out, Contains("in fp32 compute"));
+  CHECK_THAT(eager.out, Contains("=> device = CPU (fp32)"));
   check_same_losses(dir.file("eager"), dir.file("checked"));
   // The compile counts in every metrics row (scripts/gpu_check.sh fails bench_capture on
   // them): on the CPU no graph, so 0 captures and 0 replays, and the check compared every
@@ -182,7 +186,10 @@ TEST_CASE("compile: llama4 and deepseek_v3 pass the CPU capture check with the g
   for (const char* name : {"llama4", "deepseek_v3"}) {
     DYNAMIC_SECTION(name) {
       const std::string cfg = std::string("--config configs/") + name + "_debug.toml ";
-      auto checked = train(cfg + "--compile.enable true --job.dump_folder " + dir.file(name));
+      auto checked = train(cfg +
+                           "--compile.enable true --training.mixed_precision_param float32 "
+                           "--job.dump_folder " +
+                           dir.file(name));
       INFO(checked.out);
       REQUIRE(checked.rc == 0);
       CHECK_THAT(checked.out, Contains("auto with compile.enable: the grouped layout"));
@@ -217,24 +224,77 @@ TEST_CASE("compile: the loop experts' host read is named with its layer and modu
 }
 
 TEST_CASE("compile: the checked step equals the plain step bit for bit", "[compile]") {
+  // In fp32 and in bf16 compute (what a checked CPU run and a GPU run use by default).
+  for (const char* name : {"llama3", "llama4", "deepseek_v3"})
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      INFO(name << " " << dtype);
+      Fixture a = make(name, "auto"), b = make(name, "auto");
+      a.model->set_compute_dtype(dtype);
+      b.model->set_compute_dtype(dtype);
+      CompiledStep step(*b.model, *b.opt, nullptr, /*cuda=*/false);
+      std::string report;
+      for (int k = 1; k <= 4; ++k) {
+        a.o.lr = b.o.lr = 1e-3 * k;  // the lr changes every step: it must not break the check
+        StepResult ra = train_step(*a.model, *a.opt, a.micro, a.o);
+        StepResult rb = step.step(b.micro, b.o);
+        CHECK(ra.loss.item<double>() == rb.loss.item<double>());
+        CHECK(ra.grad_norm.item<double>() == rb.grad_norm.item<double>());
+        const std::string r = step.take_report();
+        if (!r.empty()) report = r;
+      }
+      CHECK_THAT(report, Contains("capture check: "));
+      CHECK_THAT(report, Contains(" ops per step, static"));
+      auto pa = a.model->params().tensors(), pb = b.model->params().tensors();
+      for (size_t i = 0; i < pa.size(); ++i) CHECK(at::equal(pa[i], pb[i]));
+    }
+}
+
+// The check certifies the GPU's op stream only if it runs the GPU's dtypes: under
+// compile.enable the CPU computes in bf16 as a CUDA run does (bf16 weight casts, the bf16
+// grouped experts, the loss on bf16 hidden states), and a host read planted after the
+// output layer is refused with exit 2 naming the op and the module.
+TEST_CASE(
+    "compile: the capture check on bf16 compute passes for llama3, llama4 and deepseek_v3 and "
+    "fails with exit 2 on a planted host read",
+    "[compile][app]") {
+  test::TempDir dir("compile_bf16");
   for (const char* name : {"llama3", "llama4", "deepseek_v3"}) {
-  INFO(name);
-  Fixture a = make(name, "auto"), b = make(name, "auto");
-  CompiledStep step(*b.model, *b.opt, nullptr, /*cuda=*/false);
-  std::string report;
-  for (int k = 1; k <= 4; ++k) {
-    a.o.lr = b.o.lr = 1e-3 * k;  // the lr changes every step: it must not break the check
-    StepResult ra = train_step(*a.model, *a.opt, a.micro, a.o);
-    StepResult rb = step.step(b.micro, b.o);
-    CHECK(ra.loss.item<double>() == rb.loss.item<double>());
-    CHECK(ra.grad_norm.item<double>() == rb.grad_norm.item<double>());
-    const std::string r = step.take_report();
-    if (!r.empty()) report = r;
-  }
-  CHECK_THAT(report, Contains("capture check: "));
-  CHECK_THAT(report, Contains(" ops per step, static"));
-  auto pa = a.model->params().tensors(), pb = b.model->params().tensors();
-  for (size_t i = 0; i < pa.size(); ++i) CHECK(at::equal(pa[i], pb[i]));
+    DYNAMIC_SECTION(name) {
+      const std::string cfg = std::string("--config configs/") + name + "_debug.toml ";
+      auto bf16 = train(cfg + "--compile.enable true --job.dump_folder " + dir.file(name));
+      INFO(bf16.out);
+      REQUIRE(bf16.rc == 0);
+      CHECK_THAT(bf16.out, Contains("(bf16 compute, fp32 master weights)"));
+      CHECK_THAT(bf16.out, Contains("in bf16 compute as the GPU step"));
+      CHECK_THAT(bf16.out, Contains("ops per step, static"));
+      // Really bf16: the losses differ from an fp32 checked run, but only by bf16 rounding.
+      auto fp32 = train(cfg +
+                        "--compile.enable true --training.mixed_precision_param float32 "
+                        "--job.dump_folder " +
+                        dir.file(std::string(name) + "_fp32"));
+      REQUIRE(fp32.rc == 0);
+      auto lb = test::losses(dir.file(name)),
+           lf = test::losses(dir.file(std::string(name) + "_fp32"));
+      REQUIRE(lb.size() == 5);
+      REQUIRE(lf.size() == lb.size());
+      bool differ = false;
+      for (auto& [step, loss] : lf) {
+        INFO("step " << step << ": fp32 " << loss << ", bf16 " << lb[step]);
+        CHECK(std::isfinite(lb[step]));
+        CHECK(std::abs(lb[step] - loss) <= 2e-2 * std::abs(loss));
+        differ = differ || lb[step] != loss;
+      }
+      CHECK(differ);
+      auto planted =
+          test::run("cd " + test::source_dir() +
+                    " && env -u RANK -u WORLD_SIZE TITAN_PLANT_ERROR=host_read " + test::binary() +
+                    " " + kRun + cfg + "--compile.enable true --job.dump_folder " +
+                    dir.file(std::string(name) + "_planted"));
+      INFO(planted.out);
+      CHECK(planted.rc == 2);
+      CHECK_THAT(planted.out, Contains("aten::item in output"));
+      CHECK_THAT(planted.out, Contains("reads a device value on the host"));
+    }
   }
 }
 
