@@ -72,8 +72,9 @@ struct Result {
 };
 
 Result run_ours(const Inputs& in, at::ScalarType dt, const Case& c) {
-  at::Tensor x = in.x.to(dt).requires_grad_(true);
-  at::Tensor w = in.w.to(dt).requires_grad_(true);
+  // Copies: to() returns the tensor itself when the dtype already matches.
+  at::Tensor x = in.x.to(dt).clone().requires_grad_(true);
+  at::Tensor w = in.w.to(dt).clone().requires_grad_(true);
   at::Tensor y = f8::float8_linear(x, w, at::Tensor(), {c.recipe, c.emulate});
   y.backward(in.go.to(dt));
   return {y.detach(), x.grad(), w.grad()};
