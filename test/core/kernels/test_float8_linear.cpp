@@ -214,3 +214,17 @@ TEST_CASE("float8 linear: no host read, and every step dispatches the same ops",
     CHECK(check.steps_compared() == 2);
   }
 }
+
+TEST_CASE("float8 linear: any leading dims, and a bias added after the float8 GEMM", "[float8]") {
+  const Inputs in = make_inputs();
+  at::Tensor bias = at::arange(N, at::kFloat) * 0.25;
+  for (auto& c : cases()) {
+    INFO(c.name());
+    const f8::Options o{c.recipe, c.emulate};
+    at::Tensor y3 = f8::float8_linear(in.x, in.w, at::Tensor(), o);
+    at::Tensor y2 = f8::float8_linear(in.x.reshape({B * T, K}), in.w, at::Tensor(), o);
+    CHECK(y3.sizes() == at::IntArrayRef({B, T, N}));
+    CHECK(at::equal(y3.reshape({B * T, N}), y2));
+    CHECK(at::equal(f8::float8_linear(in.x, in.w, bias, o), y3 + bias));
+  }
+}
