@@ -30,7 +30,7 @@ if [ "$mode" = all ]; then
   debian="$debian ${DEBIAN_TEST_PACKAGES:-}"
   want="$want safetensors==$SAFETENSORS_VERSION numpy==$NUMPY_VERSION tensorboard==$TENSORBOARD_VERSION transformers==$TRANSFORMERS_VERSION zstandard==$ZSTANDARD_VERSION"
   # Reference code, without dependencies so they never move the pinned torch.
-  want_nodeps="$want_nodeps torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION"
+  want_nodeps="$want_nodeps torchtitan==$TORCHTITAN_VERSION megatron-core==$MEGATRON_CORE_VERSION torchao==$TORCHAO_VERSION"
 fi
 if [ -n "${TITAN_SETUP_DRY_RUN:-}" ]; then
   echo "mode: $mode"

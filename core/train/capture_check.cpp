@@ -39,9 +39,11 @@ const std::set<std::string>& host_read_ops() {
   return s;
 }
 
-// Ops whose CUDA kernels read their small operands (lr, group offsets) in device memory.
+// Ops whose CUDA kernels read their small operands (lr, group offsets, float8 scales) in
+// device memory.
 const std::set<std::string>& device_reader_ops() {
-  static const std::set<std::string> s = {"aten::_fused_adamw_", "aten::_grouped_mm"};
+  static const std::set<std::string> s = {"aten::_fused_adamw_", "aten::_grouped_mm",
+                                          "aten::_scaled_mm"};
   return s;
 }
 
@@ -106,8 +108,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   const std::string module = current_module();
   // Reads inside these ops are their CPU kernels reading their own CPU operands (the fused
-  // AdamW's lr, the grouped GEMM's offsets); their CUDA kernels read device memory, so such
-  // a read is no break. (Where _grouped_mm would sync on a GPU, below SM90, the experts
+  // AdamW's lr, the grouped GEMM's offsets, the float8 GEMM's scales, which oneDNN takes as
+  // host values); their CUDA kernels read device memory, so such a read is no break. (Where _grouped_mm would sync on a GPU, below SM90, the experts
   // backend never picks it: moe/experts.cpp.)
   if (name == "titan::host_read" || (host_read_ops().count(name) && t_device_reader == 0))
     r->host_reads.push_back(name + (module.empty() ? " (in the step itself)" : " in " + module));

@@ -1,0 +1,273 @@
+#include "core/kernels/float8_linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+
+// The capability query needs the CUDA runtime headers; without them (a CPU-only LibTorch)
+// every device reports capability 0 and gets the emulated kernel.
+#if __has_include(<ATen/cuda/CUDAContextLight.h>) && __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAContextLight.h>
+#define TITAN_FLOAT8_CUDA_QUERY 1
+#endif
+
+namespace titan::float8 {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// torchao's EPS: the amax floor, so an all-zero tensor (or row) gets a finite scale.
+constexpr double kAmaxFloor = 1e-12;
+
+double float8_max(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat8_e4m3fn:
+      return 448.0;
+    case at::kFloat8_e5m2:
+      return 57344.0;
+    default:
+      TORCH_CHECK(false, "float8: unsupported float8 dtype ", t);
+  }
+}
+
+// How one operand of one GEMM is cast (torchao's CastConfig). hp: left in high precision
+// (both operands of that GEMM then are).
+struct Cast {
+  bool hp = false;
+  bool rowwise = false;
+  at::ScalarType dtype = at::kFloat8_e4m3fn;
+};
+
+// The six casts of a linear's three GEMMs, as torchao's Float8LinearConfig.from_recipe_name
+// sets them (the *_gw / *_gi ones default to the forward cast of the same tensor).
+struct Plan {
+  Cast x, w, go;  // output GEMM (x, w); go for the input gradient
+  Cast w_gi;      // w for the input gradient
+  Cast x_gw, go_gw;
+  bool power_of_2 = false;
+};
+
+Plan plan_of(Recipe r) {
+  const Cast e4m3_tw{false, false, at::kFloat8_e4m3fn};
+  const Cast e4m3_rw{false, true, at::kFloat8_e4m3fn};
+  const Cast hp{true, false, at::kFloat8_e4m3fn};
+  switch (r) {
+    case Recipe::Tensorwise: {
+      const Cast e5m2_tw{false, false, at::kFloat8_e5m2};
+      return {e4m3_tw, e4m3_tw, e5m2_tw, e4m3_tw, e4m3_tw, e5m2_tw, false};
+    }
+    case Recipe::Rowwise:
+      return {e4m3_rw, e4m3_rw, e4m3_rw, e4m3_rw, e4m3_rw, e4m3_rw, true};
+    case Recipe::RowwiseWithGwHp:
+      return {e4m3_rw, e4m3_rw, e4m3_rw, e4m3_tw, hp, hp, true};
+  }
+  TORCH_CHECK(false, "float8: unknown recipe");
+}
+
+int cuda_capability(const c10::Device& device) {
+#ifdef TITAN_FLOAT8_CUDA_QUERY
+  if (!device.is_cuda() || !at::hasCUDA()) return 0;
+  const auto* p = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+  return p->major * 10 + p->minor;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+// A float8 GEMM operand: data (rows, cols) and its scale: () tensorwise, (rows, 1) or
+// (1, cols) rowwise. rowwise says which, as torchao's axiswise_dim does.
+struct Operand {
+  at::Tensor data, scale;
+  bool rowwise = false;
+  Operand t() const { return {data.t(), scale.dim() > 1 ? scale.t() : scale, rowwise}; }
+};
+
+Operand cast(const at::Tensor& x, const Cast& c, int64_t dim, bool power_of_2) {
+  Quantized q = quantize(x, c.dtype, c.rowwise, dim, power_of_2);
+  return {q.data, q.scale, c.rowwise};
+}
+
+bool row_major(const at::Tensor& t) {
+  return t.stride(0) > t.stride(1) && t.stride(1) == 1;
+}
+
+// torchao's float8_mm with emulate = true: dequantize (float8 / scale in fp32), fp32 matmul,
+// round to the output dtype.
+at::Tensor gemm_emulated(const Operand& a, const Operand& b, at::ScalarType out_dtype) {
+  return at::mm(a.data.to(at::kFloat).div(a.scale), b.data.to(at::kFloat).div(b.scale))
+      .to(out_dtype);
+}
+
+// torchao's float8_mm without emulation (preprocess_addmm + addmm_float8_unwrapped):
+// at::_scaled_mm takes inverse scales, a row-major and b column-major. A tensorwise scale
+// meeting a rowwise one is repeated to rowwise. Rowwise without fast accumulation runs the
+// tensorwise kernel with unit scales and applies the scales after, and rowwise output is
+// bf16 (then converted) because the rowwise kernel has no fp32/fp16 output.
+at::Tensor gemm_scaled(const Operand& a, const Operand& b, at::ScalarType out_dtype,
+                       bool fast_accum) {
+  at::Tensor ad = row_major(a.data) ? a.data : a.data.contiguous();
+  at::Tensor bd = row_major(b.data) ? b.data.t().contiguous().t() : b.data;
+  at::Tensor as = a.scale, bs = b.scale;
+  if (!a.rowwise && b.rowwise) as = as.repeat({ad.size(0)}).reshape({-1, 1});
+  if (a.rowwise && !b.rowwise) bs = bs.repeat({bd.size(1)}).reshape({1, -1});
+  at::Tensor a_inv = as.reciprocal(), b_inv = bs.reciprocal();
+  const bool rowwise = as.dim() == 2 && as.size(0) == ad.size(0) && as.size(1) == 1 &&
+                       bs.dim() == 2 && bs.size(0) == 1 && bs.size(1) == bd.size(1);
+  at::Tensor post;
+  if (rowwise && !fast_accum) {
+    post = a_inv * b_inv;  // (M, N)
+    a_inv = at::ones({}, a_inv.options());
+    b_inv = at::ones({}, a_inv.options());
+  }
+  const bool via_bf16 = rowwise && (out_dtype == at::kFloat || out_dtype == at::kHalf);
+  at::Tensor out = at::_scaled_mm(ad, bd, a_inv, b_inv, std::nullopt, std::nullopt,
+                                  via_bf16 ? at::kBFloat16 : out_dtype, fast_accum);
+  if (post.defined()) out.mul_(post);
+  return via_bf16 ? out.to(out_dtype) : out;
+}
+
+// Both operands float8 (or both hp: the plain matmul in the operands' dtype).
+at::Tensor gemm(const Operand& a, const Operand& b, at::ScalarType out_dtype, Kernel k,
+                bool fast_accum) {
+  return k == Kernel::Emulated ? gemm_emulated(a, b, out_dtype)
+                               : gemm_scaled(a, b, out_dtype, fast_accum);
+}
+
+// torchao's per-GEMM use_fast_accum defaults: on for the output, off for the gradients.
+constexpr bool kFastAccumOutput = true;
+constexpr bool kFastAccumGrads = false;
+
+struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
+  // x2: (M, K), w: (N, K). Returns (M, N).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x2, const at::Tensor& w,
+                            int64_t recipe, bool emulated) {
+    ctx->save_for_backward({x2, w});
+    ctx->saved_data["recipe"] = recipe;
+    ctx->saved_data["emulated"] = emulated;
+    const Plan p = plan_of(static_cast<Recipe>(recipe));
+    const Kernel k = emulated ? Kernel::Emulated : Kernel::ScaledMm;
+    // The amax of x is over K per row (dim -1); of w^T (K, N) over K per column (dim 0).
+    const Operand xq = cast(x2, p.x, -1, p.power_of_2);
+    const Operand wq = cast(w.t(), p.w, 0, p.power_of_2);
+    return gemm(xq, wq, x2.scalar_type(), k, kFastAccumOutput);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x2 = saved[0];  // (M, K)
+    const at::Tensor& w = saved[1];   // (N, K)
+    const Plan p = plan_of(static_cast<Recipe>(ctx->saved_data["recipe"].toInt()));
+    const Kernel k = ctx->saved_data["emulated"].toBool() ? Kernel::Emulated : Kernel::ScaledMm;
+    const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});  // (M, N)
+
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      // dx = go w: go's amax over N per row; w^T (K, N)'s over N per row, then transposed.
+      const Operand goq = cast(go, p.go, -1, p.power_of_2);
+      const Operand wq = cast(w.t(), p.w_gi, -1, p.power_of_2).t();
+      dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
+    }
+    if (ctx->needs_input_grad(1)) {
+      // dw = go^T x: both amaxes over M (dim 0).
+      if (p.go_gw.hp) {
+        dw = at::mm(go.t(), x2);
+      } else {
+        const Operand goq = cast(go, p.go_gw, 0, p.power_of_2).t();
+        const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2);
+        dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
+      }
+    }
+    return {dx, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+const char* recipe_name(Recipe r) {
+  switch (r) {
+    case Recipe::Tensorwise:
+      return "tensorwise";
+    case Recipe::Rowwise:
+      return "rowwise";
+    case Recipe::RowwiseWithGwHp:
+      return "rowwise_with_gw_hp";
+  }
+  return "?";
+}
+
+std::optional<Recipe> parse_recipe(const std::string& name) {
+  for (Recipe r : {Recipe::Tensorwise, Recipe::Rowwise, Recipe::RowwiseWithGwHp})
+    if (name == recipe_name(r)) return r;
+  return std::nullopt;
+}
+
+const char* recipe_names() {
+  return "tensorwise, rowwise, rowwise_with_gw_hp";
+}
+
+Kernel kernel_for(const Options& opts, const c10::Device& device) {
+  if (opts.emulate) return Kernel::Emulated;
+  const bool rowwise = opts.recipe != Recipe::Tensorwise;
+  if (device.is_cpu()) return rowwise ? Kernel::Emulated : Kernel::ScaledMm;
+  const int cc = cuda_capability(device);
+  return cc >= (rowwise ? 90 : 89) ? Kernel::ScaledMm : Kernel::Emulated;
+}
+
+const char* kernel_name(Kernel k) {
+  return k == Kernel::ScaledMm ? "scaled_mm" : "emulated";
+}
+
+std::string describe(const Options& opts, const c10::Device& device) {
+  const Kernel k = kernel_for(opts, device);
+  std::string why;
+  if (opts.emulate)
+    why = "emulate = true";
+  else if (k == Kernel::ScaledMm)
+    why = device.is_cpu() ? "ATen's CPU _scaled_mm (per-tensor scales)" : "ATen's _scaled_mm";
+  else if (device.is_cpu())
+    why = "ATen's CPU _scaled_mm takes per-tensor scales only";
+  else
+    why = std::string("the GPU has no float8 ") +
+          (opts.recipe == Recipe::Tensorwise ? "GEMM (SM89+)" : "rowwise GEMM (SM90+)");
+  return std::string("float8: recipe ") + recipe_name(opts.recipe) + ", " + kernel_name(k) +
+         " GEMMs on " + device.str() + " (" + why + ")";
+}
+
+Quantized quantize(const at::Tensor& x, at::ScalarType float8_dtype, bool rowwise, int64_t dim,
+                   bool power_of_2) {
+  const double fmax = float8_max(float8_dtype);
+  at::Tensor amax = rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::max(at::abs(x));
+  // torchao computes fmax / amax as amax.reciprocal() * fmax in fp64 (Python's float / tensor).
+  at::Tensor scale =
+      amax.to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(fmax).to(at::kFloat);
+  if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
+  // Saturating cast: the clamp is torchao's (eager casts in torch 2.11 do not saturate).
+  at::Tensor data = x.to(at::kFloat).mul(scale).clamp(-fmax, fmax).to(float8_dtype);
+  return {data, scale};
+}
+
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                         const Options& opts) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
+              "float8_linear: x (..., K) and w (N, K) expected, got ", x.sizes(), " and ",
+              w.sizes());
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "float8_linear: x is ", x.scalar_type(),
+              " and w is ", w.scalar_type(), "; the same dtype is expected");
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()) && x.element_size() >= 2,
+              "float8_linear: x must be fp32, bf16 or fp16, got ", x.scalar_type());
+  TORCH_CHECK(x.device() == w.device(), "float8_linear: x and w on different devices");
+  const Kernel k = kernel_for(opts, x.device());
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y =
+      Float8LinearFn::apply(x2, w, static_cast<int64_t>(opts.recipe), k == Kernel::Emulated);
+  auto shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  y = y.reshape(shape);
+  return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+}
+
+}  // namespace titan::float8
