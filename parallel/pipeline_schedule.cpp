@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -30,14 +31,22 @@ std::string lower(std::string s) {
 
 const char* type_code(ActionType t) {
   switch (t) {
-    case ActionType::kForward: return "F";
-    case ActionType::kBackward: return "B";
-    case ActionType::kBackwardInput: return "I";
-    case ActionType::kBackwardWeight: return "W";
-    case ActionType::kSendF: return "SEND_F";
-    case ActionType::kRecvF: return "RECV_F";
-    case ActionType::kSendB: return "SEND_B";
-    case ActionType::kRecvB: return "RECV_B";
+    case ActionType::kForward:
+      return "F";
+    case ActionType::kBackward:
+      return "B";
+    case ActionType::kBackwardInput:
+      return "I";
+    case ActionType::kBackwardWeight:
+      return "W";
+    case ActionType::kSendF:
+      return "SEND_F";
+    case ActionType::kRecvF:
+      return "RECV_F";
+    case ActionType::kSendB:
+      return "SEND_B";
+    case ActionType::kRecvB:
+      return "RECV_B";
   }
   return "?";
 }
@@ -93,8 +102,8 @@ Action parse_action(const std::string& text, const std::string& where) {
   if (stage_end == 0) throw bad("does not start with a stage index");
   i = stage_end;
   size_t code_end = i;
-  while (code_end < n && (std::isupper(static_cast<unsigned char>(text[code_end])) ||
-                          text[code_end] == '_'))
+  while (code_end < n &&
+         (std::isupper(static_cast<unsigned char>(text[code_end])) || text[code_end] == '_'))
     ++code_end;
   const std::string code = text.substr(i, code_end - i);
   static const std::map<std::string, ActionType> codes = {
@@ -120,6 +129,10 @@ Action parse_action(const std::string& text, const std::string& where) {
   return a;
 }
 
+std::ostream& operator<<(std::ostream& os, const Action& a) {
+  return os << a.str();
+}
+
 bool PipelineSchedule::has_comms() const {
   for (const auto& r : ranks)
     for (const auto& a : r)
@@ -129,11 +142,16 @@ bool PipelineSchedule::has_comms() const {
 
 int64_t ScheduleCosts::of(ActionType type) const {
   switch (type) {
-    case ActionType::kForward: return forward;
-    case ActionType::kBackward: return backward;
-    case ActionType::kBackwardInput: return backward_input;
-    case ActionType::kBackwardWeight: return backward_weight;
-    default: return 0;
+    case ActionType::kForward:
+      return forward;
+    case ActionType::kBackward:
+      return backward;
+    case ActionType::kBackwardInput:
+      return backward_input;
+    case ActionType::kBackwardWeight:
+      return backward_weight;
+    default:
+      return 0;
   }
 }
 
@@ -143,7 +161,9 @@ namespace {
 
 using Ops = std::vector<Action>;
 
-Action act(int64_t stage, ActionType type, int64_t mb) { return Action{stage, type, mb}; }
+Action act(int64_t stage, ActionType type, int64_t mb) {
+  return Action{stage, type, mb};
+}
 
 // As Schedule{GPipe,1F1B}._step_microbatches run them: GPipe forwards every micro-batch,
 // then runs every backward in order; 1F1B forwards min(m, p - stage) micro-batches, then
@@ -283,17 +303,16 @@ void check_schedule_size(const ScheduleInfo& info, int64_t p, int64_t v, int64_t
                     kLayersPerStageKey + " or parallelism.module_fqns_per_model_part)");
   if (v < 1) throw UserError(name + ": every rank needs at least 1 stage");
   if (info.kind == ScheduleKind::k1F1B && m < p)
-    throw UserError(name + " needs at least as many micro-batches as stages: " +
-                    std::to_string(m) + " micro-batches for " + std::to_string(p) +
-                    " stages; lower " + kMicrobatchKey);
+    throw UserError(name + " needs at least as many micro-batches as stages: " + std::to_string(m) +
+                    " micro-batches for " + std::to_string(p) + " stages; lower " + kMicrobatchKey);
   if (info.kind == ScheduleKind::kInterleaved1F1B ||
       info.kind == ScheduleKind::kInterleavedZeroBubble) {
     const int64_t rounds = std::max<int64_t>(1, m / p);
     if (m % rounds != 0)
-      throw UserError(name + " needs the micro-batches to be a multiple of the rounds " +
-                      "(max(1, micro-batches / pipeline_parallel_degree) = " +
-                      std::to_string(rounds) + "), but there are " + std::to_string(m) +
-                      "; change " + kMicrobatchKey);
+      throw UserError(
+          name + " needs the micro-batches to be a multiple of the rounds " +
+          "(max(1, micro-batches / pipeline_parallel_degree) = " + std::to_string(rounds) +
+          "), but there are " + std::to_string(m) + "; change " + kMicrobatchKey);
   }
   if (info.kind == ScheduleKind::kDualPipeV)
     throw UserError(name + ": DualPipeV is not generated yet (issue 29); use ZBVZeroBubble, " +
@@ -303,8 +322,8 @@ void check_schedule_size(const ScheduleInfo& info, int64_t p, int64_t v, int64_t
 }  // namespace
 
 std::vector<int64_t> pipeline_stage_ranks(int64_t p, int64_t num_stages, bool v_style) {
-  TORCH_CHECK(p >= 1 && num_stages % p == 0, "pipeline_stage_ranks: ", num_stages,
-              " stages over ", p, " ranks");
+  TORCH_CHECK(p >= 1 && num_stages % p == 0, "pipeline_stage_ranks: ", num_stages, " stages over ",
+              p, " ranks");
   std::vector<int64_t> out(num_stages);
   for (int64_t s = 0; s < num_stages; ++s) {
     const int64_t r = s % p;
@@ -326,17 +345,26 @@ PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64
   s.stage_to_rank = pipeline_stage_ranks(p, s.num_stages, info.v_style);
   for (int64_t r = 0; r < p; ++r) {
     switch (info.kind) {
-      case ScheduleKind::kGPipe: s.ranks.push_back(gpipe_ops(r, m)); break;
-      case ScheduleKind::k1F1B: s.ranks.push_back(one_f_one_b_ops(r, p, m)); break;
-      case ScheduleKind::kLoopedBFS: s.ranks.push_back(looped_bfs_ops(r, p, v, m)); break;
+      case ScheduleKind::kGPipe:
+        s.ranks.push_back(gpipe_ops(r, m));
+        break;
+      case ScheduleKind::k1F1B:
+        s.ranks.push_back(one_f_one_b_ops(r, p, m));
+        break;
+      case ScheduleKind::kLoopedBFS:
+        s.ranks.push_back(looped_bfs_ops(r, p, v, m));
+        break;
       case ScheduleKind::kInterleaved1F1B:
         s.ranks.push_back(interleaved_ops(r, p, v, m, false));
         break;
       case ScheduleKind::kInterleavedZeroBubble:
         s.ranks.push_back(interleaved_ops(r, p, v, m, true));
         break;
-      case ScheduleKind::kZBVZeroBubble: s.ranks.push_back(zbv_ops(r, p, m)); break;
-      case ScheduleKind::kDualPipeV: break;  // refused above
+      case ScheduleKind::kZBVZeroBubble:
+        s.ranks.push_back(zbv_ops(r, p, m));
+        break;
+      case ScheduleKind::kDualPipeV:
+        break;  // refused above
     }
   }
   return s;
@@ -534,23 +562,35 @@ std::vector<Need> needs_of(const Action& a, const PipelineSchedule& sc) {
   auto local = [&](int64_t o) { return sc.stage_to_rank[o] == sc.stage_to_rank[s]; };
   auto one = [&](ActionType t, int64_t st) { return Need{Action{st, t, j}, false, {}}; };
   auto grad = [&](int64_t st) {
-    return Need{Action{st, ActionType::kBackward, j}, true, Action{st, ActionType::kBackwardInput, j}};
+    return Need{Action{st, ActionType::kBackward, j}, true,
+                Action{st, ActionType::kBackwardInput, j}};
   };
   std::vector<Need> n;
   switch (a.type) {
     case ActionType::kForward:
-      if (s > 0) n.push_back(local(s - 1) ? one(ActionType::kForward, s - 1) : one(ActionType::kRecvF, s));
+      if (s > 0)
+        n.push_back(local(s - 1) ? one(ActionType::kForward, s - 1) : one(ActionType::kRecvF, s));
       break;
     case ActionType::kBackward:
     case ActionType::kBackwardInput:
       n.push_back(one(ActionType::kForward, s));
       if (s < last) n.push_back(local(s + 1) ? grad(s + 1) : one(ActionType::kRecvB, s));
       break;
-    case ActionType::kBackwardWeight: n.push_back(one(ActionType::kBackwardInput, s)); break;
-    case ActionType::kSendF: n.push_back(one(ActionType::kForward, s)); break;
-    case ActionType::kSendB: n.push_back(grad(s)); break;
-    case ActionType::kRecvF: n.push_back(one(ActionType::kSendF, s - 1)); break;
-    case ActionType::kRecvB: n.push_back(one(ActionType::kSendB, s + 1)); break;
+    case ActionType::kBackwardWeight:
+      n.push_back(one(ActionType::kBackwardInput, s));
+      break;
+    case ActionType::kSendF:
+      n.push_back(one(ActionType::kForward, s));
+      break;
+    case ActionType::kSendB:
+      n.push_back(grad(s));
+      break;
+    case ActionType::kRecvF:
+      n.push_back(one(ActionType::kSendF, s - 1));
+      break;
+    case ActionType::kRecvB:
+      n.push_back(one(ActionType::kSendB, s + 1));
+      break;
   }
   return n;
 }
@@ -619,8 +659,8 @@ ScheduleTimeline check_schedule(const PipelineSchedule& input, const ScheduleCos
         waits += (waits.empty() ? "" : " and ") + n.first.str() + " (rank " +
                  std::to_string(sc.stage_to_rank[n.first.stage]) + ")";
     stuck += "\n  rank " + std::to_string(r) + " waits at " + a.str() + " (action " +
-             std::to_string(next[r] + 1) + " of " + std::to_string(sc.ranks[r].size()) +
-             ") for " + waits;
+             std::to_string(next[r] + 1) + " of " + std::to_string(sc.ranks[r].size()) + ") for " +
+             waits;
   }
   if (!stuck.empty())
     throw UserError(who + " deadlocks after tick " + std::to_string(tl.makespan) + ":" + stuck +

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,9 @@ enum class ScheduleKind {
 
 struct ScheduleInfo {
   ScheduleKind kind = ScheduleKind::k1F1B;
-  std::string name;           // torchtitan's spelling: "1F1B", "ZBVZeroBubble", ...
-  bool single_stage = false;  // one stage per rank (PipelineScheduleSingle)
-  bool v_style = false;       // rank r holds stages r and 2p-1-r (ZBVZeroBubble, DualPipeV)
+  std::string name;             // torchtitan's spelling: "1F1B", "ZBVZeroBubble", ...
+  bool single_stage = false;    // one stage per rank (PipelineScheduleSingle)
+  bool v_style = false;         // rank r holds stages r and 2p-1-r (ZBVZeroBubble, DualPipeV)
   bool split_backward = false;  // backward as I (input) and W (weight) actions
 };
 
@@ -70,14 +71,15 @@ struct Action {
 // REDUCE_GRAD) and OVERLAP_F_B groups are refused: this runtime has no such actions yet.
 // `where` prefixes the message ("schedule.csv row 2 column 5").
 Action parse_action(const std::string& text, const std::string& where);
+std::ostream& operator<<(std::ostream& os, const Action& a);  // as str()
 
 struct PipelineSchedule {
   std::string name;  // the generator's schedule name, or the CSV file it was read from
   int64_t num_ranks = 0;
   int64_t num_stages = 0;
   int64_t num_microbatches = 0;
-  std::vector<int64_t> stage_to_rank;       // by stage index
-  std::vector<std::vector<Action>> ranks;   // per rank, in execution order
+  std::vector<int64_t> stage_to_rank;      // by stage index
+  std::vector<std::vector<Action>> ranks;  // per rank, in execution order
 
   bool has_comms() const;  // any SEND_* or RECV_* action
 };

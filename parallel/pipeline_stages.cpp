@@ -15,9 +15,13 @@ constexpr const char* kFirstKey = "parallelism.pipeline_parallel_first_stage_les
 constexpr const char* kLastKey = "parallelism.pipeline_parallel_last_stage_less_layers";
 constexpr const char* kFqnsKey = "parallelism.module_fqns_per_model_part";
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
-std::string layer_name(int64_t l) { return "layers." + str(l); }
+std::string layer_name(int64_t l) {
+  return "layers." + str(l);
+}
 
 // The model's modules in forward order, in torchtitan's names.
 std::vector<std::string> forward_order(int64_t n_layers) {
@@ -35,8 +39,8 @@ std::vector<PipelineStageSpec> specs_from_fqns(const std::vector<std::vector<std
   const auto order = forward_order(n_layers);
   std::map<std::string, size_t> position;
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
-  const std::string known = "tok_embeddings, layers.0 .. layers." + str(n_layers - 1) +
-                            ", norm, output";
+  const std::string known =
+      "tok_embeddings, layers.0 .. layers." + str(n_layers - 1) + ", norm, output";
   std::vector<PipelineStageSpec> specs;
   size_t next = 0;
   for (size_t s = 0; s < fqns.size(); ++s) {
@@ -53,8 +57,7 @@ std::vector<PipelineStageSpec> specs_from_fqns(const std::vector<std::vector<std
       if (it->second != next)
         throw UserError(where + " names '" + name + "' where '" +
                         (next < order.size() ? order[next] : std::string("nothing")) +
-                        "' comes next: every module once, stages in forward order (" + known +
-                        ")");
+                        "' comes next: every module once, stages in forward order (" + known + ")");
       ++next;
       spec.fqns.push_back(name);
       if (name == "tok_embeddings") spec.has_embeddings = true;
@@ -68,8 +71,7 @@ std::vector<PipelineStageSpec> specs_from_fqns(const std::vector<std::vector<std
     if (spec.first_layer < 0)  // no layers: an empty range where the layers would be
       spec.first_layer = spec.end_layer = spec.has_embeddings ? 0 : n_layers;
     const bool norm = std::find(spec.fqns.begin(), spec.fqns.end(), "norm") != spec.fqns.end();
-    const bool output =
-        std::find(spec.fqns.begin(), spec.fqns.end(), "output") != spec.fqns.end();
+    const bool output = std::find(spec.fqns.begin(), spec.fqns.end(), "output") != spec.fqns.end();
     if (norm != output)
       throw UserError(where + " holds '" + (norm ? "norm" : "output") + "' without '" +
                       (norm ? "output" : "norm") +
@@ -90,15 +92,14 @@ int64_t count_stages(int64_t n_layers, const PipelineSplitOptions& opt, const Sc
   const int64_t lps = opt.layers_per_stage;
   const int64_t weighted = n_layers + opt.first_stage_less_layers + opt.last_stage_less_layers;
   const int64_t stages = (weighted + lps - 1) / lps;
-  const std::string what = "the model's " + str(n_layers) + " layers + " +
-                           str(opt.first_stage_less_layers) + " (embeddings) + " +
-                           str(opt.last_stage_less_layers) + " (norm and output) at " +
-                           kLayersPerStageKey + " = " + str(lps) + " make " + str(stages) +
-                           " stages";
+  const std::string what =
+      "the model's " + str(n_layers) + " layers + " + str(opt.first_stage_less_layers) +
+      " (embeddings) + " + str(opt.last_stage_less_layers) + " (norm and output) at " +
+      kLayersPerStageKey + " = " + str(lps) + " make " + str(stages) + " stages";
   if (stages % p != 0)
     throw UserError(what + ", which " + kDegreeKey + " = " + str(p) +
-                    " does not divide; pick a layers_per_stage that gives a multiple of " +
-                    str(p) + " stages");
+                    " does not divide; pick a layers_per_stage that gives a multiple of " + str(p) +
+                    " stages");
   const int64_t per_rank = stages / p;
   if (info.single_stage && per_rank != 1)
     throw UserError(what + ", " + str(per_rank) + " per rank, but " + info.name +
@@ -183,10 +184,10 @@ PipelineStagePlan plan_pipeline_stages(int64_t n_layers, const PipelineSplitOpti
                     " must be at least 1 (or unset)");
   const int64_t counted = count_stages(n_layers, opt, plan.schedule);
   const bool explicit_split = !opt.module_fqns_per_model_part.empty();
-  const auto fqns = explicit_split ? opt.module_fqns_per_model_part
-                                   : generate_stage_fqns(counted, n_layers,
-                                                         opt.first_stage_less_layers,
-                                                         opt.last_stage_less_layers);
+  const auto fqns = explicit_split
+                        ? opt.module_fqns_per_model_part
+                        : generate_stage_fqns(counted, n_layers, opt.first_stage_less_layers,
+                                              opt.last_stage_less_layers);
   const std::string who = explicit_split ? std::string(kFqnsKey) : "the generated split";
   plan.stages = specs_from_fqns(fqns, n_layers, who);
   const int64_t S = plan.num_stages();
@@ -196,11 +197,13 @@ PipelineStagePlan plan_pipeline_stages(int64_t n_layers, const PipelineSplitOpti
     throw UserError(split + ", which " + kDegreeKey + " = " + str(p) + " does not divide");
   plan.stages_per_rank = S / p;
   if (plan.schedule.v_style && plan.stages_per_rank != 2)
-    throw UserError(split + " over " + str(p) + " ranks, but parallelism.pipeline_parallel_schedule = " +
-                    plan.schedule.name + " needs exactly 2 stages per rank (stages r and 2p-1-r)");
+    throw UserError(split + " over " + str(p) +
+                    " ranks, but parallelism.pipeline_parallel_schedule = " + plan.schedule.name +
+                    " needs exactly 2 stages per rank (stages r and 2p-1-r)");
   if (plan.schedule.single_stage && plan.stages_per_rank != 1)
-    throw UserError(split + " over " + str(p) + " ranks, but parallelism.pipeline_parallel_schedule = " +
-                    plan.schedule.name + " runs exactly 1 stage per rank");
+    throw UserError(split + " over " + str(p) +
+                    " ranks, but parallelism.pipeline_parallel_schedule = " + plan.schedule.name +
+                    " runs exactly 1 stage per rank");
   const auto ranks = pipeline_stage_ranks(p, S, plan.schedule.v_style);
   for (int64_t s = 0; s < S; ++s) plan.stages[s].rank = ranks[s];
   return plan;
