@@ -648,7 +648,7 @@ ScheduleTimeline check_schedule(const PipelineSchedule& input, const ScheduleCos
       }
     }
   }
-  tl.makespan = *std::max_element(clock.begin(), clock.end());
+  for (auto c : clock) tl.makespan = std::max(tl.makespan, c);
   std::string stuck;
   for (size_t r = 0; r < sc.ranks.size(); ++r) {
     if (next[r] == sc.ranks[r].size()) continue;
