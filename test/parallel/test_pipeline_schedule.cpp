@@ -53,6 +53,17 @@ std::string what_of(const std::function<void()>& f) {
 const std::vector<std::string> kGenerated = {
     "GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"};
 
+// torchtitan's message and the words of ours that give the same reason.
+const std::vector<std::pair<std::string, std::string>> kSameReason = {
+    {"cannot be greater than effective layers", "more stages than weighted layers"},
+    {"must be divisible by pipeline parallel size", "does not divide"},
+    {"Single stage schedule requires exactly 1 stage", "runs exactly 1 stage per rank"},
+    {"Multi-stage schedule requires at least 2", "needs at least 2 stages per rank"},
+    {"input_weight (", "pipeline_parallel_first_stage_less_layers = "},
+    {"output_weight (", "pipeline_parallel_last_stage_less_layers = "},
+    {"v schedules assume 2 stages per rank", "needs exactly 2 stages per rank"},
+};
+
 }  // namespace
 
 TEST_CASE("pp: the stage split equals torchtitan 0.2.2's", "[pp]") {
@@ -74,6 +85,15 @@ TEST_CASE("pp: the stage split equals torchtitan 0.2.2's", "[pp]") {
       INFO("torchtitan: " << c["error"].get<std::string>());
       const std::string msg = what_of([&] { plan_pipeline_stages(layers, o); });
       CHECK_THAT(msg, Contains("parallelism."));
+      // The same reason as torchtitan's.
+      const std::string theirs = c["error"];
+      int matched = 0;
+      for (const auto& [tt, ours] : kSameReason) {
+        if (theirs.find(tt) == std::string::npos) continue;
+        CHECK_THAT(msg, Contains(ours));
+        ++matched;
+      }
+      CHECK(matched == 1);
       ++refused;
       continue;
     }
