@@ -130,7 +130,7 @@ _Stage.__init__ = _stage_init
 def split_cases():
     cases = []
     single = ["1F1B", "GPipe"]
-    multi = ["Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS", "ZBVZeroBubble"]
+    multi = ["Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS", "ZBVZeroBubble", "DualPipeV"]
     for layers in (2, 3, 6, 8, 16, 27, 32, 48, 61, 126):
         for pp in (1, 2, 3, 4, 8):
             for s in single + multi:
