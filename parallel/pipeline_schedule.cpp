@@ -616,6 +616,7 @@ ScheduleTimeline check_schedule(const PipelineSchedule& input, const ScheduleCos
   // are visited does not change the result.
   ActionTable done(sc.num_stages, sc.num_microbatches, -1);
   ScheduleTimeline tl;
+  tl.costs = costs;
   tl.ranks.resize(sc.ranks.size());
   tl.busy.assign(sc.ranks.size(), 0);
   std::vector<size_t> next(sc.ranks.size(), 0);
@@ -684,7 +685,9 @@ std::string render_schedule_grid(const PipelineSchedule& sc, const ScheduleTimel
   std::snprintf(bubble, sizeof(bubble), "%.4f", tl.bubble_fraction);
   os << sc.name << ": " << sc.num_ranks << " ranks, " << sc.num_stages << " stages, "
      << sc.num_microbatches << " micro-batches; " << ticks << " ticks, bubble " << bubble
-     << " (F/B/I/W as in ScheduleCosts; '-' continues an action, '.' is idle)\n";
+     << " (ticks: F " << tl.costs.forward << ", B " << tl.costs.backward << ", I "
+     << tl.costs.backward_input << ", W " << tl.costs.backward_weight
+     << "; '-' continues an action, '.' is idle)\n";
   // Tick ruler: every 5th column numbered.
   std::string ruler(label.size() + 2, ' ');
   for (int64_t t = 0; t < ticks; ++t) {

@@ -132,6 +132,7 @@ struct ScheduleTimeline {
   std::vector<int64_t> busy;                    // compute ticks per rank
   // Idle share of ranks x makespan; (p-1)/(m+p-1) for GPipe and 1F1B.
   double bubble_fraction = 0.0;
+  ScheduleCosts costs;  // the ticks it was simulated with
 };
 
 // Checks a schedule before it runs and simulates it. A compute-only schedule is lowered
