@@ -119,6 +119,32 @@ TEST_CASE("pp: the stage split equals torchtitan 0.2.2's", "[pp]") {
   CHECK(refused > 40);
 }
 
+TEST_CASE("pp: stages map to the model's parameter units", "[pp]") {
+  // docs/distributed.md's example: llama3 debugmodel (6 layers) over pp 2 with 1F1B. Units:
+  // 0 the embeddings, 1..6 the layers, 7 the head.
+  PipelineSplitOptions o;
+  o.pp_degree = 2;
+  const auto plan = plan_pipeline_stages(6, o);
+  REQUIRE(plan.num_stages() == 2);
+  CHECK(plan.stages[0].fqns ==
+        std::vector<std::string>{"tok_embeddings", "layers.0", "layers.1", "layers.2"});
+  CHECK(plan.stages[0].first_unit() == 0);
+  CHECK(plan.stages[0].end_unit() == 4);
+  CHECK(plan.stages[1].first_unit() == 4);
+  CHECK(plan.stages[1].end_unit() == 8);
+  // ZBV over 2 ranks with 2 layers per stage: rank 0 holds the first and the last stage.
+  o.schedule = "ZBVZeroBubble";
+  o.layers_per_stage = 2;
+  const auto v = plan_pipeline_stages(6, o);
+  REQUIRE(v.num_stages() == 4);
+  CHECK(v.stages_of_rank(0) == std::vector<int64_t>{0, 3});
+  CHECK(v.stages_of_rank(1) == std::vector<int64_t>{1, 2});
+  CHECK(v.stage_to_rank() == std::vector<int64_t>{0, 1, 1, 0});
+  CHECK(v.stages[3].fqns == std::vector<std::string>{"layers.5", "norm", "output"});
+  CHECK(v.stages[3].first_unit() == 6);
+  CHECK(v.stages[3].end_unit() == 8);
+}
+
 TEST_CASE("pp: schedule orders equal PyTorch 2.11's", "[pp]") {
   const json& ref = reference();
   int compared = 0;
