@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "app/fatal.h"
+#include "app/pipeline_dump.h"
 #include "core/config/config.h"
 #include "core/base/errors.h"
 #include "core/base/log.h"
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     log_set_rank(launch.rank);
     for (auto& w : cli.warnings) log_warn(w);
     validate_config(cli.cfg);
+    if (cli.dump_schedule) return run_dump_schedule(cli.cfg);  // one process, no world
     if (cli.dump_config) {  // no world yet: degrees are checked at launch
       std::printf("%s", dump_config_toml(cli.cfg).c_str());
       return 0;

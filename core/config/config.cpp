@@ -525,6 +525,11 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   validate_config(cfg);
   const auto& p = cfg.parallelism;
   const std::string world = std::to_string(world_size);
+  if (p.pipeline_parallel_degree > 1)
+    throw UserError(
+        "parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
+        ": pipeline training is not implemented yet (issue 29); allowed: 1. Add --dump-schedule "
+        "to print the stage split and the schedule this config would run, without training");
   if (p.data_parallel_shard_degree == -1 &&
       world_size % (p.data_parallel_replicate_degree * p.tensor_parallel_degree) != 0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +

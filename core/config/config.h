@@ -74,6 +74,15 @@ struct ParallelismSection {
   std::string fsdp_reshard_after_forward;
   int64_t tensor_parallel_degree = 1;
   int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_parallel_schedule;
+  std::string pipeline_parallel_schedule_csv;
+  int64_t pipeline_parallel_microbatch_size = 1;
+  int64_t pipeline_parallel_layers_per_stage = 0;  // 0: unset (torchtitan's None)
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
+  // One entry per stage: its module names separated by spaces (a TOML array of arrays is
+  // read into this form).
+  std::vector<std::string> module_fqns_per_model_part;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   int64_t expert_tensor_parallel_degree = 1;
@@ -190,6 +199,10 @@ struct Option {
   bool allow_inf = false;            // floats: inf is a meaningful value (else only a default)
   // Older torchtitan spellings ("section.key"): accepted, with one warning naming this name.
   std::vector<std::string> aliases;
+  // A list of string lists (torchtitan's list[list[str]]), each inner list kept as one item
+  // with its strings joined by spaces. In TOML an array of arrays; on the command line a
+  // comma-separated list of space-separated groups.
+  bool string_groups = false;
   // Non-empty: a torchtitan feature titan-train does not have yet ("tensor parallelism").
   // Only the default is accepted; anything else is an error naming the feature. Such options
   // have no JobConfig field and are left out of --dump-config and the startup table.
@@ -264,6 +277,7 @@ struct CliResult {
   JobConfig cfg;
   bool show_help = false;
   bool dump_config = false;
+  bool dump_schedule = false;  // print the pipeline stages and schedule, then exit
   std::vector<std::string> warnings;
 };
 // defaults < TOML (--config / --job.config_file) < command-line overrides.

@@ -61,6 +61,10 @@ CliResult parse_command_line(int argc, const char* const* argv) {
       r.dump_config = true;
       continue;
     }
+    if (a == "--dump-schedule") {
+      r.dump_schedule = true;
+      continue;
+    }
     if (!is_option_arg(argv[i]))
       throw UserError("command line: unexpected argument '" + a +
                       "'; allowed: --section.key=value options (see --help)");

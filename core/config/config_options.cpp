@@ -46,6 +46,10 @@ struct Def {
     o->allow_inf = true;
     return *this;
   }
+  Def& groups() {
+    o->string_groups = true;
+    return *this;
+  }
   Def& alias(std::string a) {
     o->aliases.push_back(std::move(a));
     return *this;
@@ -224,8 +228,35 @@ void parallelism_options(std::vector<Option>& out) {
       .range(1.0, kNoMax);
   s.later("enable_async_tensor_parallel", false, "async tensor parallelism",
           "Async tensor parallelism (overlapped collective matmuls): not supported yet");
-  s.later("pipeline_parallel_degree", int64_t{1}, "pipeline parallelism",
-          "Pipeline parallelism degree: not supported yet");
+  s.add("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree, 1,
+        "Pipeline stages' ranks; above 1 only --dump-schedule runs yet (training is issue 29)")
+      .range(1.0, kNoMax);
+  s.add("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule, "1F1B",
+        "Pipeline schedule (any case): GPipe, 1F1B, LoopedBFS, Interleaved1F1B, "
+        "InterleavedZeroBubble, ZBVZeroBubble (DualPipeV only from a CSV)");
+  s.add("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv, "",
+        "A schedule as CSV (one row per rank of actions like 0F1, 1B0); empty: generated");
+  s.add("pipeline_parallel_microbatch_size", &ParallelismSection::pipeline_parallel_microbatch_size,
+        1, "Sequences per pipeline micro-batch; local_batch_size / this = micro-batches")
+      .range(1.0, kNoMax);
+  s.add("pipeline_parallel_layers_per_stage",
+        &ParallelismSection::pipeline_parallel_layers_per_stage, 0,
+        "Weighted layers per stage (gives the number of stages); 0: 1 stage per rank for "
+        "GPipe and 1F1B, else 2")
+      .range(0.0, kNoMax);
+  s.add("pipeline_parallel_first_stage_less_layers",
+        &ParallelismSection::pipeline_parallel_first_stage_less_layers, 1,
+        "Layers the embeddings count as in the stage split")
+      .range(0.0, kNoMax);
+  s.add("pipeline_parallel_last_stage_less_layers",
+        &ParallelismSection::pipeline_parallel_last_stage_less_layers, 1,
+        "Layers the final norm and output count as in the stage split")
+      .range(0.0, kNoMax);
+  s.add("module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part, Strings{},
+        "Explicit stage split: per stage, its modules (tok_embeddings, layers.N, norm, output) "
+        "in forward order; TOML: an array of arrays; command line: stages separated by commas, "
+        "modules by spaces; empty: the rule above")
+      .groups();
   s.later("context_parallel_degree", int64_t{1}, "context parallelism",
           "Context parallelism degree: not supported yet");
   s.add("expert_parallel_degree", &ParallelismSection::expert_parallel_degree, 1,
@@ -436,7 +467,8 @@ std::vector<Option> build_registry() {
 
 // torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
 // loggers, Python-side tuning, and sub-settings of features that are rejected while off
-// (pipeline and context parallel details, quantization recipes). "x.*" covers x and below.
+// (the deprecated pipeline split points, context parallel details, quantization recipes). "x.*"
+// covers x and below.
 const std::vector<std::string> kIgnored = {
     "profiling.enable_memory_snapshot",
     "profiling.save_memory_snapshot_folder",
@@ -457,13 +489,6 @@ const std::vector<std::string> kIgnored = {
     "parallelism.enable_compiled_autograd",
     "parallelism.disable_loss_parallel",
     "parallelism.pipeline_parallel_split_points",
-    "parallelism.module_fqns_per_model_part",
-    "parallelism.pipeline_parallel_first_stage_less_layers",
-    "parallelism.pipeline_parallel_last_stage_less_layers",
-    "parallelism.pipeline_parallel_layers_per_stage",
-    "parallelism.pipeline_parallel_schedule",
-    "parallelism.pipeline_parallel_schedule_csv",
-    "parallelism.pipeline_parallel_microbatch_size",
     "parallelism.pipeline_parallel_expert_parallel_overlap",
     "parallelism.context_parallel_load_balancer",
     "parallelism.context_parallel_rotate_method",

@@ -24,7 +24,19 @@ std::string dump_config_toml(const JobConfig& cfg) {
       os << (cur.empty() ? "" : "\n") << "[" << o.section << "]\n";
       cur = o.section;
     }
-    os << o.key << " = " << format_option_value(o.get(cfg)) << "\n";
+    const OptValue v = o.get(cfg);
+    if (o.string_groups) {  // torchtitan's array of arrays: [["a", "b"], ["c"]]
+      std::vector<std::string> groups;
+      for (const std::string& g : std::get<std::vector<std::string>>(v)) {
+        std::istringstream is(g);
+        std::vector<std::string> items;
+        for (std::string w; is >> w;) items.push_back(w);
+        groups.push_back(format_option_value(items));
+      }
+      os << o.key << " = [" << join(groups, ", ") << "]\n";
+      continue;
+    }
+    os << o.key << " = " << format_option_value(v) << "\n";
   }
   return os.str();
 }
@@ -39,6 +51,7 @@ std::string usage_text() {
          "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
          "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
          "                         [--dtype float32|bfloat16|float16]\n"
+         "  titan-train --config FILE --dump-schedule   print the pipeline stages and schedule\n"
          "  titan-train --help | --dump-config\n\n"
          "Subcommands: estimate, data-preview, tokenize, convert-hf (each takes --help).\n\n"
          "Most common:\n"

@@ -99,8 +99,19 @@ OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string
       break;
     case OptType::StringList: {
       if (auto s = n.value_exact<std::string>()) return split_commas(*s);
-      auto l = toml_list<std::string>(
-          opt, n, where, [](const toml::node& e) { return e.value_exact<std::string>(); });
+      auto l = toml_list<std::string>(opt, n, where,
+                                      [&opt](const toml::node& e) -> std::optional<std::string> {
+                                        if (auto s = e.value_exact<std::string>()) return *s;
+                                        auto* inner = opt.string_groups ? e.as_array() : nullptr;
+                                        if (!inner) return std::nullopt;
+                                        std::string joined;  // [["a", "b"], ["c"]] -> "a b", "c"
+                                        for (auto& x : *inner) {
+                                          auto s = x.value_exact<std::string>();
+                                          if (!s) return std::nullopt;
+                                          joined += (joined.empty() ? "" : " ") + *s;
+                                        }
+                                        return joined;
+                                      });
       if (l) return *l;
       break;
     }

@@ -177,19 +177,18 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
   test::write_file(dir.file("v022.toml"), kV022);
   test::write_file(dir.file("v01.toml"), kV01);
 
-  // v0.2.2: every key is read; the five ignored keys or sections warn once each.
+  // v0.2.2: every key is read; the four ignored keys or sections warn once each.
   auto a = parse({"--config", dir.file("v022.toml")});
   INFO([&] {
     std::string s;
     for (auto& w : a.warnings) s += w + "\n";
     return s;
   }());
-  CHECK(a.warnings.size() == 5);
+  CHECK(a.warnings.size() == 4);
   for (const char* k : {"profiling.enable_memory_snapshot", "profiling.save_memory_snapshot_folder",
-                        "quantize.*", "metrics.enable_wandb",
-                        "parallelism.pipeline_parallel_schedule"})
+                        "quantize.*", "metrics.enable_wandb"})
     CHECK(warned(a.warnings, k) == 1);
-  CHECK(warned(a.warnings, "v022.toml:") == 5);  // each names the file and line
+  CHECK(warned(a.warnings, "v022.toml:") == 4);  // each names the file and line
   const JobConfig& c = a.cfg;
   CHECK(c.profiling.enable_profiling);
   CHECK(c.profiling.save_traces_folder == "traces");
@@ -298,15 +297,13 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
       {"[model]\nconverters = [\"float8\"]\n", "model.converters", "float8"},
       {"[parallelism]\ntensor_parallel_degree = 8\nenable_async_tensor_parallel = true\n",
        "parallelism.enable_async_tensor_parallel", "async tensor parallelism"},
-      {"[parallelism]\npipeline_parallel_degree = 4\n", "parallelism.pipeline_parallel_degree",
-       "pipeline parallelism"},
       {"[parallelism]\ncontext_parallel_degree = 2\n", "parallelism.context_parallel_degree",
        "context parallelism"},
       // The first one in the file is named.
       {"[model]\nconverters = [\"mx\"]\n[parallelism]\ntensor_parallel_degree = 8\n",
        "model.converters", "mx"},
-      {"[parallelism]\npipeline_parallel_degree = 4\ntensor_parallel_degree = 8\n",
-       "parallelism.pipeline_parallel_degree", "pipeline"},
+      {"[parallelism]\npipeline_parallel_degree = 4\ncontext_parallel_degree = 2\n",
+       "parallelism.context_parallel_degree", "context parallelism"},
   };
   for (auto& c : cases) {
     INFO(c.toml);
@@ -319,9 +316,10 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
   // The same from the command line.
-  auto r = titan_run("--parallelism.pipeline_parallel_degree 2 --dump-config");
+  auto r = titan_run("--parallelism.context_parallel_degree 2 --dump-config");
   CHECK(r.rc == 2);
-  CHECK_THAT(r.out, Contains("command line: parallelism.pipeline_parallel_degree = 2 needs pipeline"));
+  CHECK_THAT(r.out,
+             Contains("command line: parallelism.context_parallel_degree = 2 needs context"));
   // Tensor parallelism is accepted; the experts' degree must be 1 or tp (torchtitan 0.2.2).
   auto tp = titan_run("--parallelism.tensor_parallel_degree 8 "
                       "--parallelism.expert_tensor_parallel_degree 8 --dump-config");
@@ -348,9 +346,8 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
   toml::table t = toml::parse(text);
   if (auto* conv = t["model"]["converters"].as_array(); conv && !conv->empty())
     out.push_back("model.converters");
-  for (const char* k : {"pipeline_parallel_degree", "context_parallel_degree"})
-    if (t["parallelism"][k].value_or<int64_t>(1) > 1)
-      out.push_back(std::string("parallelism.") + k);
+  if (t["parallelism"]["context_parallel_degree"].value_or<int64_t>(1) > 1)
+    out.push_back("parallelism.context_parallel_degree");
   if (t["parallelism"]["enable_async_tensor_parallel"].value_or(false))
     out.push_back("parallelism.enable_async_tensor_parallel");
   const int64_t tp = t["parallelism"]["tensor_parallel_degree"].value_or<int64_t>(1);
@@ -408,9 +405,10 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
   CHECK(loaded >= 7);
 }
 
-TEST_CASE("torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
-          "get past TP and name float8, async TP or pipeline parallel",
-          "[torchtitan-configs][tp]") {
+TEST_CASE(
+    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
+    "get past TP and name float8 or async TP; 17Bx128E's pipeline plans",
+    "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
   for (const char* f : {"llama3_70b.toml", "llama4_17bx16e.toml"}) {
@@ -434,8 +432,6 @@ TEST_CASE("torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405
       {dir + "llama3_405b.toml", "model.converters", "float8"},
       {tmp.file("405b_no_float8.toml"), "parallelism.enable_async_tensor_parallel",
        "async tensor parallelism"},
-      {dir + "llama4_17bx128e.toml", "parallelism.pipeline_parallel_degree",
-       "pipeline parallelism"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config " + c.file + " --dump-config");
@@ -445,4 +441,20 @@ TEST_CASE("torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405
                           Contains("titan-train does not support yet"));
     CHECK_THAT(r.out, !Contains("tensor_parallel_degree = 8"));
   }
+  // 17Bx128E gets past the pipeline keys: --dump-config loads it, training refuses PP (issue
+  // 29) and --dump-schedule plans it (its local_batch_size 1 is 1 micro-batch, too few for
+  // 1F1B over 4 stages, as in PyTorch; 4 sequences are enough).
+  const std::string maverick = "--config " + dir + "llama4_17bx128e.toml";
+  auto dump = titan_run(maverick + " --dump-config");
+  CHECK(dump.rc == 0);
+  CHECK_THAT(dump.out, Contains("pipeline_parallel_degree = 4"));
+  auto few = titan_run(maverick + " --dump-schedule");
+  INFO(few.out);
+  CHECK(few.rc == 2);
+  CHECK_THAT(few.out, Contains("parallelism.pipeline_parallel_microbatch_size"));
+  auto plan = titan_run(maverick + " --dump-schedule --training.local_batch_size 4");
+  INFO(plan.out);
+  CHECK(plan.rc == 0);
+  CHECK_THAT(plan.out, Contains("0      0     tok_embeddings, layers.0-11") &&
+                           Contains("3      3     layers.37-47, norm, output"));
 }
