@@ -534,6 +534,43 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
   finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "all-to-all");
 }
 
+void ProcessGroup::send_recv(const std::vector<P2POp>& ops) {
+  if (ops.empty()) return;
+  // The capture check compares these from step to step: a pipeline step must send and receive
+  // the same shapes to the same peers every time for its CUDA graphs to replay.
+  std::vector<c10::IValue> scope;
+  for (const P2POp& op : ops) {
+    scope.emplace_back(op.tensor);
+    scope.emplace_back(op.send ? op.peer : -1 - op.peer);
+    scope.emplace_back(op.tag);
+  }
+  RECORD_USER_SCOPE_WITH_INPUTS("titan::collective:send-recv", scope);
+  TORCH_CHECK(impl_->backend, "send_recv: a one-rank group has no peer to send to");
+  for (const P2POp& op : ops) {
+    TORCH_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "send_recv: peer ", op.peer,
+                " is not another rank of this group of ", size_);
+    TORCH_CHECK(op.tensor.is_contiguous(), "send_recv: tensors must be contiguous");
+    count_comm(op.send ? "send" : "recv", op.tensor);
+  }
+  WaitTimer timer(impl_->cuda);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    const bool group = impl_->cuda;  // gloo has no coalescing, and needs none (see header)
+    if (group) impl_->backend->startCoalescing();
+    for (const P2POp& op : ops) {
+      std::vector<at::Tensor> t{op.tensor};
+      const int peer = static_cast<int>(op.peer), tag = static_cast<int>(op.tag);
+      auto w = op.send ? impl_->backend->send(t, peer, tag) : impl_->backend->recv(t, peer, tag);
+      if (!group) works.push_back(std::move(w));
+    }
+    if (group) works.push_back(impl_->backend->endCoalescing());
+  } catch (const std::exception& e) {
+    die(impl_->global_rank, "send/recv", e);
+  }
+  for (auto& w : works)
+    finish_work(std::move(w), impl_->cuda, impl_->op_timeout, impl_->global_rank, "send/recv");
+}
+
 void ProcessGroup::store_set(const std::string& key, const std::string& value) {
   try {
     impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));

@@ -111,7 +111,8 @@ class ProcessGroup {
   static void count_comm_waits(bool on);
   static double take_comm_wait_ms();
   // Collectives this process ran over a real backend (one-rank groups are not counted),
-  // by kind ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast"),
+  // by kind ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", and
+  // the point-to-point "send" and "recv"),
   // since the start: calls, and bytes of each collective's whole buffer (the all-gather's
   // output, the reduce-scatter's input, the all-reduce's tensor).
   struct CommCount {
@@ -125,6 +126,21 @@ class ProcessGroup {
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                   const std::vector<int64_t>& in_splits);
+  // Point-to-point: one send of `tensor` to, or one receive into it from, rank `peer` of this
+  // group. A send and its receive carry the same tag (gloo matches on it; NCCL matches the
+  // ops between two ranks in issue order, which the tag then only documents).
+  struct P2POp {
+    bool send = true;
+    int64_t peer = 0;
+    at::Tensor tensor;  // contiguous; a receive writes it in place
+    int64_t tag = 0;
+  };
+  // Issues every op of `ops` together and waits for them all: on NCCL as one coalesced group
+  // (ncclGroupStart/End), so sends and receives posted by both neighbours in any order cannot
+  // block each other; on gloo each is posted before any is waited for (gloo's sends do not
+  // wait for the receiver). Counted in comm_counts as "send" and "recv", one call and the
+  // tensor's bytes each. A one-rank group has no peer: `ops` must be empty.
+  void send_recv(const std::vector<P2POp>& ops);
   // all_to_all calls of this process so far, every group (tests check with it that a
   // recompute does not communicate again).
   static int64_t all_to_all_calls();
