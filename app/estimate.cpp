@@ -14,6 +14,7 @@
 #include "core/config/config.h"
 #include "core/base/errors.h"
 #include "app/meta_kernels.h"
+#include "app/pipeline_dump.h"
 #include "app/train_step.h"
 #include "core/telemetry/memory_stats.h"
 #include "core/train/model.h"
@@ -406,12 +407,121 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
               mib(f), f, mib(1.0), cap, mib(cap), mib(INFINITY), layers.size());
 }
 
+// Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
+// the training state of each stage. The stage split, schedule and check are --dump-schedule's
+// (app/pipeline_dump.h). Activations and step time are not modelled per stage yet.
+int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gpu) {
+  const auto& par = cfg.parallelism;
+  const int64_t pp = par.pipeline_parallel_degree;
+  if (world % pp != 0)
+    throw UserError("estimate --world " + std::to_string(world) +
+                    " is not a multiple of parallelism.pipeline_parallel_degree = " +
+                    std::to_string(pp) + "; allowed: a multiple of it");
+  // The ranks of one stage: data and tensor parallel as without PP, over world / pp.
+  JobConfig inner = cfg;
+  inner.parallelism.pipeline_parallel_degree = 1;
+  validate_for_world(inner, world / pp);
+  const DerivedConfig d = derive_config(inner, world / pp);
+  const int64_t tp = par.tensor_parallel_degree;
+  std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
+  const ModelInfo info = m->info();
+  const bool tied = m->params().index_of("output.weight") < 0;
+  const PipelinePlan plan = plan_pipeline(cfg, info.n_layers, tied);
+  const auto& st = plan.stages;
+
+  std::printf("estimate: %s %s on %lld ranks (%s), pipeline parallel\n", info.name.c_str(),
+              cfg.model.flavor.c_str(), static_cast<long long>(world), gpu.c_str());
+  std::printf(
+      "  plan: pp %lld x dp_replicate %lld x dp_shard %lld x tp %lld; %s, %lld stages "
+      "(%lld per rank), %lld micro-batches of %lld x %lld tokens\n",
+      static_cast<long long>(pp), static_cast<long long>(par.data_parallel_replicate_degree),
+      static_cast<long long>(d.dp_shard), static_cast<long long>(tp), st.schedule.name.c_str(),
+      static_cast<long long>(st.num_stages()), static_cast<long long>(st.stages_per_rank),
+      static_cast<long long>(plan.microbatches),
+      static_cast<long long>(par.pipeline_parallel_microbatch_size),
+      static_cast<long long>(cfg.training.seq_len));
+  const auto& c = plan.timeline.costs;
+  std::printf(
+      "bubble: %.4f of the step idle (simulated in ticks: F %lld, B %lld, I %lld, W %lld; "
+      "1F1B and GPipe: (p-1)/(m+p-1))\n",
+      plan.timeline.bubble_fraction, static_cast<long long>(c.forward),
+      static_cast<long long>(c.backward), static_cast<long long>(c.backward_input),
+      static_cast<long long>(c.backward_weight));
+
+  // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
+  // dtype. Under TP each tp rank sends its own copy (no sequence sharding across stages yet).
+  const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
+  const double act = static_cast<double>(par.pipeline_parallel_microbatch_size *
+                                         cfg.training.seq_len * info.dim * dtype_bytes);
+  constexpr double kMib = 1024.0 * 1024.0;
+  std::printf("p2p per step: activation (%lld, %lld, %lld) %s = %.3f MiB per transfer\n",
+              static_cast<long long>(par.pipeline_parallel_microbatch_size),
+              static_cast<long long>(cfg.training.seq_len), static_cast<long long>(info.dim),
+              dtype_bytes == 2 ? "bfloat16" : "float32", act / kMib);
+  int64_t all_sends = 0;
+  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
+    int64_t sf = 0, sb = 0, rf = 0, rb = 0;
+    for (const Action& x : plan.schedule.ranks[r]) {
+      sf += x.type == ActionType::kSendF;
+      sb += x.type == ActionType::kSendB;
+      rf += x.type == ActionType::kRecvF;
+      rb += x.type == ActionType::kRecvB;
+    }
+    all_sends += sf + sb;
+    std::printf(
+        "  pipeline rank %zu: sends %lld activations + %lld gradients (%.3f MiB), "
+        "receives %lld + %lld (%.3f MiB)\n",
+        r, static_cast<long long>(sf), static_cast<long long>(sb),
+        static_cast<double>(sf + sb) * act / kMib, static_cast<long long>(rf),
+        static_cast<long long>(rb), static_cast<double>(rf + rb) * act / kMib);
+  }
+  std::printf(
+      "  all pipeline ranks, both directions: %lld transfers, %.3f MiB per step (one "
+      "pipeline; each data-parallel and tp rank runs its own)\n",
+      static_cast<long long>(all_sends), static_cast<double>(all_sends) * act / kMib);
+
+  // The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
+  // parameter), split over dp_shard x tp as evenly as FSDP and TP allow.
+  const auto units = m->param_units();
+  const auto& params = m->params().all();
+  std::printf(
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld; "
+      "activations not modelled per stage yet):\n",
+      static_cast<long long>(d.dp_shard), static_cast<long long>(tp));
+  std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
+  for (const PipelineStageSpec& sp : st.stages) {
+    int64_t n = 0;
+    for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
+      for (int64_t i : units[static_cast<size_t>(u)].params) {
+        int64_t k = 1;
+        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
+        n += k;
+      }
+    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(d.dp_shard * tp);
+    per_rank[static_cast<size_t>(sp.rank)] += bytes;
+    char name[48];
+    const bool billions = n >= 1000000000;
+    std::snprintf(name, sizeof name, "stage %lld (rank %lld), %.3f%s params",
+                  static_cast<long long>(sp.index), static_cast<long long>(sp.rank),
+                  static_cast<double>(n) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
+    print_gib(name, bytes);
+  }
+  for (int64_t r = 0; r < pp; ++r) {
+    char name[48];
+    std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
+    print_gib(name, per_rank[static_cast<size_t>(r)]);
+  }
+  std::printf("time: not modelled under pipeline parallelism yet (issue 29)\n");
+  return 0;
+}
+
 }  // namespace
 
 int run_estimate_command(int argc, char** argv) {
   const EstimateArgs a = parse_estimate_args(argc, argv);
   const JobConfig& cfg = a.cfg;
   const Gpu g = gpu_named(a.gpu);
+  if (cfg.parallelism.pipeline_parallel_degree > 1) return estimate_pipeline(cfg, a.world, a.gpu);
   const Plan pl = make_plan(cfg, a.world);
   std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
   const ModelInfo info = m->info();

@@ -245,3 +245,35 @@ TEST_CASE("estimate: the static expert exchange's buffers at the capacity factor
   REQUIRE(exact.rc == 0);
   CHECK_THAT(exact.out, !Catch::Matchers::Contains("static expert exchange"));
 }
+
+// Under PP the estimate plans the pipeline as --dump-schedule does. Reference: 1F1B's bubble
+// (p-1)/(m+p-1) = 1/9 at p 2, m 8; each transfer is (1, 256, 256) bf16 = 0.125 MiB, and
+// rank 0 sends 8 activations and receives 8 gradients.
+TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes and memory per stage",
+          "[app][estimate][pp]") {
+  using Catch::Matchers::Contains;
+  auto r = estimate(
+      "--config configs/llama3_debug.toml --world 4 "
+      "--parallelism.pipeline_parallel_degree 2");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("plan: pp 2 x dp_replicate 1 x dp_shard 2 x tp 1; 1F1B, 2 stages") &&
+                        Contains("bubble: 0.1111") &&
+                        Contains("activation (1, 256, 256) bfloat16 = 0.125 MiB per transfer") &&
+                        Contains("pipeline rank 0: sends 8 activations + 0 gradients (1.000 MiB), "
+                                 "receives 0 + 8 (1.000 MiB)") &&
+                        Contains("16 transfers, 2.000 MiB per step") &&
+                        Contains("stage 1 (rank 1)") && Contains("pipeline rank 1, its stages"));
+  auto zbv = estimate(
+      "--config configs/llama3_debug.toml --world 2 "
+      "--parallelism.pipeline_parallel_degree 2 "
+      "--parallelism.pipeline_parallel_schedule ZBVZeroBubble");
+  INFO(zbv.out);
+  CHECK(zbv.rc == 0);
+  CHECK_THAT(zbv.out, Contains("4 stages (2 per rank)") && Contains("stage 3 (rank 0)"));
+  auto odd = estimate(
+      "--config configs/llama3_debug.toml --world 3 "
+      "--parallelism.pipeline_parallel_degree 2");
+  CHECK(odd.rc == 2);
+  CHECK_THAT(odd.out, Contains("not a multiple of parallelism.pipeline_parallel_degree = 2"));
+}
