@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/base/errors.h"
+#include "core/base/strings.h"
 #include "core/config/config_detail.h"
 
 namespace titan {
@@ -73,8 +74,7 @@ std::string quote_toml(const std::string& s) {
 }
 
 bool parse_bool_text(const std::string& t, bool& out) {
-  std::string l = t;
-  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  const std::string l = ascii_lower(t);
   if (l == "true" || l == "1" || l == "yes" || l == "on") return out = true, true;
   if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
   return false;
