@@ -115,7 +115,7 @@ TEST_CASE(
   CHECK(part.tp_plan().split_experts);
   // The replicated set (gradients summed over tp) no longer holds the routed experts.
   for (int64_t i : part.tp_plan().replicated())
-    CHECK_THAT(part.params()[i].name, !Contains("experts.w"));
+    CHECK_THAT(part.params()[i].name, !Contains(".moe.experts.w"));
   whole.params().initialize(3);
   part.params().initialize(3);
   for (int64_t i : plan.expert_column) {
