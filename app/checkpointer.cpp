@@ -25,18 +25,22 @@ namespace {
 
 // A tensor laid out like p.value (the parameter or its AdamW moments): this rank's rows when
 // p is sharded, the padding rows zeroed; this tp rank's slice of the whole (saved) tensor
-// when p is tensor-parallel: rows [tp_offset, ...) of dim-0 splits, and for dim-1 splits the
-// full-width rows with this rank's columns kept.
+// when p is tensor-parallel: rows [tp_offset, ...) of dim-0 splits, and for splits along
+// dim 1 or 2 (row-parallel weights, the routed experts under expert tensor parallelism) the
+// whole rows with this rank's slice kept.
 bool restore_param(CheckpointReader& r, const std::string& key, const Param& p,
                    const at::Tensor& dst, bool required) {
   at::NoGradGuard ng;
   const int64_t first = (p.sharded() ? p.dim0_offset : 0) + (p.tp_dim == 0 ? p.tp_offset : 0);
   const int64_t rows = p.sharded() ? p.dim0_rows : (p.tp_dim >= 0 ? dst.size(0) : -1);
   const at::Tensor mine = p.valid(dst);
-  if (p.tp_dim == 1) {
-    at::Tensor whole = at::empty({mine.size(0), p.tp_shape[1]}, dst.options());
+  if (p.tp_dim >= 1) {
+    // The whole rows (every column of the split dim), then this rank's slice of them.
+    std::vector<int64_t> shape = mine.sizes().vec();
+    shape[static_cast<size_t>(p.tp_dim)] = p.tp_shape[static_cast<size_t>(p.tp_dim)];
+    at::Tensor whole = at::empty(shape, dst.options());
     if (!r.restore_rows(key, p.model_shape(), first, mine.size(0), whole, required)) return false;
-    mine.copy_(whole.narrow(1, p.tp_offset, mine.size(1)));
+    mine.copy_(whole.narrow(p.tp_dim, p.tp_offset, mine.size(p.tp_dim)));
   } else if (!r.restore_rows(key, p.model_shape(), first, rows, mine, required)) {
     return false;
   }
@@ -112,17 +116,17 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   const bool rank0 = group_.rank == 0;
   // A parameter's value or optimizer state: its valid rows when sharded, by every writing
   // rank; replicated values by rank 0 only. Under tensor parallelism the file holds the whole
-  // tensor's rows: dim-0 slices are written by each tp rank at their global rows, dim-1
-  // slices gathered over the tp ranks (a collective of the writing ranks) and written by tp
-  // rank 0, like the replicated parameters.
+  // tensor's rows: dim-0 slices are written by each tp rank at their global rows, slices
+  // along dim 1 or 2 gathered over the tp ranks (a collective of the writing ranks) and
+  // written by tp rank 0, like the replicated parameters.
   TensorParallelComm* tp = st.model->tensor_parallel();
   auto add_param_like = [&](const std::string& key, const Param& p, const at::Tensor& t,
                             at::ScalarType dtype) {
     if ((p.sharded() || tp) ? !group_.writes : !rank0) return;
     at::Tensor v = p.valid(t);
     int64_t first = p.sharded() ? p.dim0_offset : 0;
-    if (p.tp_dim == 1)
-      v = tp->gather_last(v.contiguous());
+    if (p.tp_dim >= 1)  // gathered along the split dim (moved last for the gather)
+      v = tp->gather_last(v.movedim(p.tp_dim, -1).contiguous()).movedim(-1, p.tp_dim).contiguous();
     else if (p.tp_dim == 0)
       first += p.tp_offset;
     if (tp && p.tp_dim != 0 && tp->rank() != 0) return;

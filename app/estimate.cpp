@@ -192,13 +192,22 @@ struct Activations {
   double backward_peak = 0;  // the most held at once during the backward
 };
 
+// Expert tensor parallelism as the trainer applies it (etp = tp > 1, without ep; the trainer
+// refuses ep x etp).
+bool split_experts(const JobConfig& cfg) {
+  return cfg.parallelism.expert_tensor_parallel_degree > 1 &&
+         cfg.parallelism.expert_parallel_degree == 1;
+}
+
 Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
   install_meta_memory_counter();
   register_meta_kernels();
   std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
   if (pl.tp > 1) {
-    split_for_tensor_parallel(*m, pl.tp, 0);
-    m->set_tensor_parallel(std::make_shared<ShapeOnlyTensorParallel>(pl.tp));
+    split_for_tensor_parallel(*m, pl.tp, 0, split_experts(cfg));
+    auto comm = std::make_shared<ShapeOnlyTensorParallel>(pl.tp);
+    m->set_tensor_parallel(comm);
+    if (m->tp_plan().split_experts) m->set_expert_tensor_parallel(comm);
   }
   if (pl.param_bytes == 2) {
     // bf16 weights as FSDP gathers them (and as the cast cache holds them without FSDP,
@@ -525,7 +534,8 @@ int run_estimate_command(int argc, char** argv) {
   const Plan pl = make_plan(cfg, a.world);
   std::unique_ptr<Model> m = build_model(cfg, at::kCPU, /*defer_params=*/true);
   const ModelInfo info = m->info();
-  split_for_tensor_parallel(*m, pl.tp, 0);  // this rank's slices (exit 2 for a bad plan)
+  // This rank's slices (exit 2 for a bad plan).
+  split_for_tensor_parallel(*m, pl.tp, 0, split_experts(cfg));
   Sizes s = size_plan(*m, pl);
   size_tp(*m, pl, s);
   const Activations act = measure_activations(cfg, pl);

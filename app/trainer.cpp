@@ -264,12 +264,26 @@ void Trainer::apply_tp() {
                     " with moe.seq_aux_loss_coeff > 0: the sequence-wise balance loss needs whole "
                     "sequences, and tensor parallelism routes sequence shards; allowed: "
                     "seq_aux_loss_coeff = 0 under tensor parallelism");
-  apply_tensor_parallel(*model_, *mesh_->tp_group);
-  if (cfg_.parallelism.expert_tensor_parallel_degree > 1 && model_->num_experts() > 0)
-    log_warn("parallelism.expert_tensor_parallel_degree = " +
-             std::to_string(cfg_.parallelism.expert_tensor_parallel_degree) +
-             ": the routed experts are not split over the tp ranks yet; each tp rank holds "
-             "them whole and runs its sequence shard through them (as etp = 1)");
+  // Expert tensor parallelism (etp = tp without ep; config.cpp refuses the rest): the routed
+  // experts are cut along their hidden size as well (docs/distributed.md).
+  const int64_t etp = cfg_.parallelism.expert_tensor_parallel_degree;
+  const bool split_experts = etp > 1 && model_->num_experts() > 0;
+  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts);
+  if (split_experts) {
+    int64_t mine = 0, whole = 0;
+    const TpPlan& plan = model_->tp_plan();
+    for (const auto* list : {&plan.expert_column, &plan.expert_row})
+      for (int64_t i : *list) {
+        const Param& p = model_->params()[i];
+        mine += p.value.numel();
+        whole += c10::multiply_integers(p.model_shape());
+      }
+    log_info("=> expert tensor parallel: etp " + std::to_string(etp) +
+             ", the routed experts split along their hidden size (w1/w3 rows, w2 columns) over "
+             "the tp ranks; each tp rank routes the whole sequence and reduce-scatters the "
+             "partial outputs; routed-expert parameters on this tp rank " +
+             std::to_string(mine) + " of " + std::to_string(whole));
+  }
 }
 
 EpExchangeOptions Trainer::ep_options() const {

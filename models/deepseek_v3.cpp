@@ -246,7 +246,7 @@ void DeepSeekV3::declare_tp_plan() {
     plan.replicate.push_back(w[k + 4]);                             // ffn_norm
     k += 5;
     if (moe_[l]) {
-      plan.replicate.insert(plan.replicate.end(), w.begin() + static_cast<int64_t>(k), w.end());
+      add_moe_to_tp_plan(plan, *moe_[l]);  // w[k..]: the MoE layer's parameters
     } else {
       plan.column.insert(plan.column.end(), {w[k], w[k + 2]});
       plan.row.push_back(w[k + 1]);

@@ -114,7 +114,8 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
 at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, then the FFN's or the MoE layer's weights
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank). The
-  // MoE layer runs on this rank's sequence shard (its tokens are routed here).
+  // MoE layer takes this rank's sequence shard (routed here, or under expert tensor
+  // parallelism gathered inside the layer).
   at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
                                           rope_, this);
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
@@ -125,8 +126,9 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
 }
 
 // As llama3's plan for attention, dense feed-forward layers and the vocabulary. The MoE
-// layers (router, routed and shared experts) stay whole on every tp rank and run on its
-// sequence shard, so their gradients, like the norms', are summed over the tp ranks.
+// layers' router and shared experts stay whole on every tp rank and run on its sequence
+// shard, so their gradients, like the norms', are summed over the tp ranks; the routed
+// experts likewise, unless expert tensor parallelism splits them (add_moe_to_tp_plan).
 void Llama4::declare_tp_plan(int64_t ffn) {
   TpPlan plan;
   plan.vocab = {tok_emb_, output_};
@@ -137,7 +139,7 @@ void Llama4::declare_tp_plan(int64_t ffn) {
     plan.column.insert(plan.column.end(), {w[1], w[2], w[3]});
     plan.row.push_back(w[4]);
     if (moe_[l]) {
-      plan.replicate.insert(plan.replicate.end(), w.begin() + 6, w.end());
+      add_moe_to_tp_plan(plan, *moe_[l]);  // w[6..]: the MoE layer's parameters
     } else {
       plan.column.insert(plan.column.end(), {w[6], w[8]});
       plan.row.push_back(w[7]);

@@ -63,6 +63,17 @@ void MoETransformer::reset_state() {
   for (auto* m : moe_layers()) m->reset_state();
 }
 
+void add_moe_to_tp_plan(TpPlan& plan, const MoELayer& m) {
+  for (int64_t i : m.param_indices()) {
+    if (i == m.w1_index() || i == m.w3_index())
+      plan.expert_column.push_back(i);
+    else if (i == m.w2_index())
+      plan.expert_row.push_back(i);
+    else
+      plan.replicate.push_back(i);
+  }
+}
+
 void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_t dim,
                    int64_t expert_hidden) {
   ExpertsGemmShape shape;
@@ -106,6 +117,11 @@ std::string MoETransformer::experts_backend() const {
 void MoETransformer::set_expert_exchange(std::shared_ptr<ExpertExchange> ex) {
   for (auto& m : moe_)
     if (m) m->set_expert_exchange(ex);
+}
+
+void MoETransformer::set_expert_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) {
+  for (auto& m : moe_)
+    if (m) m->set_expert_tensor_parallel(tp);
 }
 
 }  // namespace titan

@@ -36,6 +36,8 @@ class MoETransformer : public Model {
   std::string experts_backend() const override;
   // Installs expert parallelism in every MoE layer (see MoELayer::set_expert_exchange).
   void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) override;
+  // Installs expert tensor parallelism in every MoE layer (MoELayer::set_expert_tensor_parallel).
+  void set_expert_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) override;
 
  protected:
   void reset_state() override;
@@ -48,6 +50,11 @@ class MoETransformer : public Model {
   std::vector<std::unique_ptr<MoELayer>> moe_;  // one slot per transformer layer
   bool training_ = false;
 };
+
+// A MoE layer's part of the tensor-parallel plan: the router and the shared experts
+// replicated (on sequence shards, gradients summed over tp), the routed experts in the
+// expert groups (split along their hidden size only under expert tensor parallelism).
+void add_moe_to_tp_plan(TpPlan& plan, const MoELayer& m);
 
 // Applies the job's [moe] section to a flavor's MoE arguments: the experts backend for
 // `device` (logged) for experts of model dim `dim` and hidden size `expert_hidden` (the

@@ -56,10 +56,16 @@ void MoELayer::reset_state() {
   pending_.clear();
 }
 
-at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>& w, Mode mode) {
+at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor>& w, Mode mode) {
+  ModuleScope scope("moe");
+  TORCH_CHECK(!(ep_ && etp_),
+              "expert tensor parallelism with expert parallelism is refused by the "
+              "config (core/config/config.cpp)");
+  // Expert tensor parallelism: every tp rank routes the whole sequence (B, T, D) through its
+  // hidden slice of the experts; the shared experts stay on this rank's shard xs3.
+  const at::Tensor x3 = etp_ ? etp_->gather_seq(xs3) : xs3;
   const int64_t B = x3.size(0), S = x3.size(1), D = x3.size(2);
   const int64_t E = args_.num_experts, K = args_.top_k;
-  ModuleScope scope("moe");
   size_t k = 0;
   const at::Tensor& gw = w[k++];
   at::Tensor gb = gate_b_ >= 0 ? w[k++] : at::Tensor();
@@ -76,7 +82,8 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
 
   // Count once per training forward; a checkpoint recompute repeats the forward, not the step.
   const bool recompute = is_recomputing();
-  if (mode.training && !recompute) {
+  // Under expert tensor parallelism every tp rank routed the same tokens: tp rank 0 counts.
+  if (mode.training && !recompute && (!etp_ || etp_->rank() == 0)) {
     at::NoGradGuard ng;
     tokens_per_expert.add_(d.counts);
   }
@@ -105,13 +112,16 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     out_sorted = loop_experts(routed, w1, w2, w3, host);
   }
 
-  at::Tensor shared;
-  if (sw1_ >= 0) shared = swiglu(x, w[k], w[k + 1], w[k + 2]);  // (T, D)
-
   // (T, D): each token's K expert outputs, weighted by their scores unless the scores were
   // applied before the experts.
   at::Tensor out = combine_tokens(
       out_sorted, args_.score_before_experts ? at::Tensor() : top_sorted.to(at::kFloat), d);
+  // Expert tensor parallelism: out is this rank's hidden slices' partial sum; the sum over
+  // the tp ranks, this rank's sequence shard of it (B, T/tp, D).
+  if (etp_) out = etp_->reduce_scatter_seq(out.reshape({B, S, D})).reshape({-1, D});
+
+  at::Tensor shared;
+  if (sw1_ >= 0) shared = swiglu(xs3.reshape({-1, D}), w[k], w[k + 1], w[k + 2]);  // (T, D)
   if (shared.defined()) out = shared + out;
 
   TORCH_CHECK(!(args_.seq_aux_loss_coeff > 0 && mode.training && mode.checkpointed),
@@ -130,7 +140,7 @@ at::Tensor MoELayer::forward(const at::Tensor& x3, const std::vector<at::Tensor>
     at::Tensor l = (f * p).sum(-1).mean() * args_.seq_aux_loss_coeff;
     aux_ = aux_.defined() ? aux_ + l : l;
   }
-  return out.view({B, S, D});
+  return out.view(xs3.sizes());
 }
 
 std::optional<MoELayer::Pending> MoELayer::take_pending(bool recompute) {

@@ -62,6 +62,17 @@ class MoELayer {
   // (parallel/fsdp.h shards the expert weights to match) and exchanges its routed rows
   // through `ex`.
   void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { ep_ = std::move(ex); }
+  // Expert tensor parallelism: this layer's routed experts hold hidden rows (w1, w3) and
+  // columns (w2) [r*H/tp, (r+1)*H/tp) of tp's rank r. forward() then gathers the sequence
+  // shards, routes every token (the same on every tp rank), runs them through its slices
+  // and reduce-scatters the partial outputs back to sequence shards; the router and the
+  // shared experts are unchanged (whole, gradients summed over tp). The token counts are
+  // kept on tp rank 0 only, so their sum over all ranks counts each token once.
+  void set_expert_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) { etp_ = std::move(tp); }
+  // Store indices of the routed experts' weights.
+  int64_t w1_index() const { return w1_; }
+  int64_t w2_index() const { return w2_; }
+  int64_t w3_index() const { return w3_; }
   int64_t hidden() const { return hidden_; }
   int64_t dim() const { return dim_; }
   const std::string& prefix() const { return prefix_; }
@@ -121,6 +132,7 @@ class MoELayer {
   std::deque<Pending> pending_;
   at::Tensor aux_;
   std::shared_ptr<ExpertExchange> ep_;
+  std::shared_ptr<TensorParallelComm> etp_;
 };
 
 // Once per optimizer step (DeepSeek's aux-loss-free balancing, arXiv 2408.15664): sums the

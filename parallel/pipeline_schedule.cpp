@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/base/errors.h"
+#include "core/base/strings.h"
 
 namespace titan {
 
@@ -23,11 +24,6 @@ constexpr const char* kMicrobatchKey =
     "parallelism.pipeline_parallel_microbatch_size (micro-batches = training.local_batch_size / "
     "pipeline_parallel_microbatch_size)";
 constexpr const char* kLayersPerStageKey = "parallelism.pipeline_parallel_layers_per_stage";
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 const char* type_code(ActionType t) {
   switch (t) {
@@ -69,7 +65,7 @@ ScheduleInfo schedule_info(const std::string& name) {
   };
   std::string allowed;
   for (const auto& k : known) {
-    if (lower(k.name) == lower(name)) return k;
+    if (ascii_lower(k.name) == ascii_lower(name)) return k;
     allowed += (allowed.empty() ? "" : ", ") + k.name;
   }
   throw UserError(std::string(kScheduleKey) + " = '" + name +

@@ -20,11 +20,16 @@ struct Group {
   int64_t dim;  // -1: whole
 };
 
+// The routed experts split along their hidden size under expert tensor parallelism, else
+// whole (replicated, as the rest of the MoE layer).
 std::vector<Group> groups(const TpPlan& p) {
+  const bool s = p.split_experts;
   return {{&p.column, TpStyle::Column, 0},
           {&p.row, TpStyle::Row, 1},
           {&p.vocab, TpStyle::Vocab, 0},
-          {&p.replicate, TpStyle::Replicate, -1}};
+          {&p.replicate, TpStyle::Replicate, -1},
+          {&p.expert_column, s ? TpStyle::ExpertColumn : TpStyle::Replicate, s ? 1 : -1},
+          {&p.expert_row, s ? TpStyle::ExpertRow : TpStyle::Replicate, s ? 2 : -1}};
 }
 
 // (B, T/tp, rest) on every rank -> (B, T, rest): the ranks' blocks of the sequence in order.
@@ -146,12 +151,20 @@ void check_tp_plan(const Model& model, int64_t tp) {
                       "; allowed: a divisor of " + std::to_string(n));
 }
 
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group) {
-  split_for_tensor_parallel(model, tp_group.size(), tp_group.rank());
-  if (tp_group.size() > 1) model.set_tensor_parallel(make_tp_comm(tp_group));
+void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts) {
+  split_for_tensor_parallel(model, tp_group.size(), tp_group.rank(), split_experts);
+  if (tp_group.size() == 1) return;
+  auto comm = make_tp_comm(tp_group);
+  model.set_tensor_parallel(comm);
+  if (model.tp_plan().split_experts) model.set_expert_tensor_parallel(comm);
 }
 
-void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r) {
+void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r, bool split_experts) {
+  if (tp > 1 && split_experts && model.tp_plan().has_experts()) {
+    TpPlan plan = model.tp_plan();
+    plan.split_experts = true;
+    model.set_tp_plan(std::move(plan));
+  }
   check_tp_plan(model, tp);
   if (tp == 1) return;
   at::NoGradGuard ng;
@@ -182,9 +195,12 @@ std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group) {
 std::string describe_tp(const Model& model, int64_t tp) {
   const TpPlan& p = model.tp_plan();
   std::ostringstream os;
-  os << "tp " << tp << " (sequence parallel): " << p.column.size() << " column-, "
-     << p.row.size() << " row-, " << p.vocab.size() << " vocab-parallel, " << p.replicate.size()
+  os << "tp " << tp << " (sequence parallel): " << p.column.size() << " column-, " << p.row.size()
+     << " row-, " << p.vocab.size() << " vocab-parallel, " << p.replicated().size()
      << " replicated parameters";
+  if (p.split_experts)
+    os << ", routed experts split over tp (" << p.expert_column.size() << " w1/w3 by hidden rows, "
+       << p.expert_row.size() << " w2 by hidden columns)";
   return os.str();
 }
 
@@ -201,7 +217,7 @@ void TensorParallelGradSync::reduce_gradients(const std::vector<at::Tensor>& par
   at::NoGradGuard ng;
   // Replicated parameters saw only this rank's sequence shard: sum over the tp ranks.
   std::vector<at::Tensor> grads;
-  for (int64_t i : model_.tp_plan().replicate) {
+  for (int64_t i : model_.tp_plan().replicated()) {
     at::Tensor v = model_.params()[i].value;
     if (!v.grad().defined()) v.mutable_grad() = at::zeros_like(v);
     grads.push_back(v.grad());
@@ -222,7 +238,7 @@ void TensorParallelGradSync::reduce_norm_sq(at::Tensor& norm_sq) {
   at::NoGradGuard ng;
   // Every tp rank holds the same replicated gradients: count them on tp rank 0 only.
   if (tp_.rank() != 0) {
-    for (int64_t i : model_.tp_plan().replicate) {
+    for (int64_t i : model_.tp_plan().replicated()) {
       const at::Tensor& g = model_.params()[i].value.grad();
       if (g.defined()) norm_sq.sub_(g.to(at::kDouble).pow(2).sum().to(norm_sq.scalar_type()));
     }

@@ -25,12 +25,15 @@ void check_tp_plan(const Model& model, int64_t tp);
 
 // Checks the plan, then replaces each split parameter by this rank's slice (deferred
 // parameters stay unallocated, with the slice's shape) and installs the tp collectives in
-// the model. A group of one rank changes nothing.
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group);
+// the model. A group of one rank changes nothing. `split_experts` (expert tensor
+// parallelism, etp = tp): the routed experts are cut along their hidden size too and the
+// MoE layers run the whole sequence through their slices (Model::set_expert_tensor_parallel);
+// otherwise they stay whole and replicated.
+void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts = false);
 
 // The cut alone (no collectives installed): rank r's slices of a tp-way split, after the
 // same checks. titan-train estimate sizes a rank with it.
-void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r);
+void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r, bool split_experts = false);
 
 // The collectives at the sequence-parallel boundaries over `group` (exposed for tests).
 std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group);
@@ -51,7 +54,8 @@ class TensorParallelGradSync : public GradSync {
   GradSync* inner_;
 };
 
-// "tp 2: 8 column, 4 row, 2 vocab, 5 replicated parameters", for the startup log.
+// "tp 2 (sequence parallel): 8 column-, 4 row-, 2 vocab-parallel, 5 replicated parameters",
+// for the startup log, with the routed experts' split when expert tensor parallelism is on.
 std::string describe_tp(const Model& model, int64_t tp);
 
 }  // namespace titan

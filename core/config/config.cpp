@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/base/errors.h"
+#include "core/base/strings.h"
 #include "core/config/config_detail.h"
 
 namespace titan {
@@ -73,8 +74,7 @@ std::string quote_toml(const std::string& s) {
 }
 
 bool parse_bool_text(const std::string& t, bool& out) {
-  std::string l = t;
-  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  const std::string l = ascii_lower(t);
   if (l == "true" || l == "1" || l == "yes" || l == "on") return out = true, true;
   if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
   return false;
@@ -448,7 +448,8 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
 }
 
 // Tensor parallelism splits each sequence over the tp ranks (sequence parallel), and the
-// experts are either whole (etp 1) or split like everything else (etp = tp, torchtitan 0.2.2).
+// experts are either whole (etp 1) or split like everything else (etp = tp, torchtitan 0.2.2;
+// not yet together with expert parallelism).
 static void validate_tensor_parallel(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   const int64_t tp = p.tensor_parallel_degree;
@@ -457,6 +458,15 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
                     std::to_string(p.expert_tensor_parallel_degree) +
                     " is not allowed; allowed: 1 or tensor_parallel_degree (" +
                     std::to_string(tp) + ")");
+  if (p.expert_tensor_parallel_degree > 1 && p.expert_parallel_degree > 1)
+    throw UserError(
+        "parallelism.expert_tensor_parallel_degree = " +
+        std::to_string(p.expert_tensor_parallel_degree) +
+        " with parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        ": expert tensor parallelism combined with expert parallelism (ep x etp) is "
+        "not implemented yet; allowed: expert_tensor_parallel_degree = 1 with "
+        "expert_parallel_degree > 1, or expert_parallel_degree = 1 with "
+        "expert_tensor_parallel_degree = tensor_parallel_degree");
   struct SeqLen {
     const char* key;
     int64_t len;

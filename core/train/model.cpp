@@ -78,13 +78,19 @@ void ParamStore::initialize(uint64_t seed) {
       else
         counter_trunc_normal_(out, key, first, s.std, s.lo, s.hi);
     };
-    if (p.tp_dim == 1) {
-      // A column slice of each row: the row's stream from the slice's first column.
-      TORCH_CHECK(cpu.dim() == 2, p.name, ": tensor-parallel dim 1 needs a matrix");
-      for (int64_t r = 0; r < cpu.size(0); ++r) {
-        at::Tensor row = at::empty({cpu.size(1)}, at::kFloat);
-        draw(row, (row0 + r) * row_numel + p.tp_offset);
-        cpu[r].copy_(row);
+    if (p.tp_dim >= 1) {
+      // A slice along dim d >= 1 (FSDP cuts only dim 0): for each index of the dims before
+      // d, one contiguous run of the slice's len x inner elements, drawn from the whole
+      // tensor's stream at that run's first element.
+      const int64_t d = p.tp_dim;
+      const int64_t mid = c10::multiply_integers(full.begin() + 1, full.begin() + d);
+      const int64_t inner = c10::multiply_integers(full.begin() + d + 1, full.end());
+      const int64_t whole = full[static_cast<size_t>(d)];
+      at::Tensor runs = cpu.view({-1, cpu.size(d) * inner});  // (rows x mid, len x inner)
+      for (int64_t q = 0; q < runs.size(0); ++q) {
+        at::Tensor run = at::empty({runs.size(1)}, at::kFloat);
+        draw(run, ((row0 * mid + q) * whole + p.tp_offset) * inner);
+        runs[q].copy_(run);
       }
     } else {
       draw(cpu, row0 * row_numel);
@@ -197,6 +203,10 @@ const char* tp_style_name(TpStyle s) {
     case TpStyle::Row: return "row";
     case TpStyle::Vocab: return "vocab";
     case TpStyle::Replicate: return "replicate";
+    case TpStyle::ExpertColumn:
+      return "expert-column";
+    case TpStyle::ExpertRow:
+      return "expert-row";
   }
   return "?";
 }

@@ -187,6 +187,10 @@ class Model {
   virtual int64_t num_experts() const { return 0; }
   // Expert parallelism: the MoE layers send their routed rows through `ex` (parallel/).
   virtual void set_expert_exchange(std::shared_ptr<ExpertExchange> ex) { (void)ex; }
+  // Expert tensor parallelism (parallel/tensor_parallel.h): the routed experts are cut along
+  // their hidden size over `tp`'s ranks; MoE models then run the whole sequence through their
+  // slices. Default: no MoE layers, nothing to do.
+  virtual void set_expert_tensor_parallel(std::shared_ptr<TensorParallelComm> tp) { (void)tp; }
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }

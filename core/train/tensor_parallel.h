@@ -22,16 +22,37 @@ enum class TpStyle {
   Vocab,      // dim 0 split over the vocabulary: embedding table, output projection
   Replicate,  // whole on every rank and applied to sequence shards (norms): the gradient
               // is a partial sum over the sequence, summed over the tp ranks
+  // Routed experts (E, hidden, D) / (E, D, hidden) under expert tensor parallelism
+  // (etp = tp): each rank holds a slice of every expert's hidden size and runs the whole
+  // sequence through it; the outputs are partial sums.
+  ExpertColumn,  // dim 1 split: experts.w1, experts.w3
+  ExpertRow,     // dim 2 split: experts.w2
 };
 const char* tp_style_name(TpStyle s);
 
 // Every parameter (store index) sits in exactly one group. `divisible` lists the counts the
 // tp degree must divide (heads, kv heads, hidden size, vocabulary), by name for the message.
+// The routed experts' weights are declared apart (expert_column: w1, w3; expert_row: w2):
+// parallel/ splits them only when the job asks for expert tensor parallelism
+// (split_experts); otherwise they are replicated like the rest of the MoE layer.
 struct TpPlan {
   std::vector<int64_t> column, row, vocab, replicate;
+  std::vector<int64_t> expert_column, expert_row;
+  bool split_experts = false;
   std::vector<std::pair<std::string, int64_t>> divisible;
   bool declared() const {
     return !column.empty() || !row.empty() || !vocab.empty() || !replicate.empty();
+  }
+  bool has_experts() const { return !expert_column.empty() || !expert_row.empty(); }
+  // The parameters whole on every tp rank whose gradients are summed over the tp ranks:
+  // `replicate`, plus the routed experts when they are not split.
+  std::vector<int64_t> replicated() const {
+    std::vector<int64_t> r = replicate;
+    if (!split_experts) {
+      r.insert(r.end(), expert_column.begin(), expert_column.end());
+      r.insert(r.end(), expert_row.begin(), expert_row.end());
+    }
+    return r;
   }
 };
 

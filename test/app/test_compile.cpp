@@ -138,6 +138,8 @@ TEST_CASE("compile: the CPU capture check passes for every model in every layout
       {"fsdp2_tp2", 4, tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 1", false},
       {"ep2_tp2", 4, ep2 + tp2, "dp_replicate 1 x dp_shard 2 x tp 2 (ep 2", true},
       {"ep2_hsdp2x2", 4, ep2 + rep2, "dp_replicate 2 x dp_shard 2 (ep 2", true},
+      {"tp2_etp2", 2, tp2 + "--parallelism.expert_tensor_parallel_degree 2 ",
+       "routed experts split over tp", true},
   };
   for (const char* model : {"llama3", "llama4", "deepseek_v3"})
     for (const Layout& l : layouts) {

@@ -98,3 +98,41 @@ TEST_CASE("llama4 and deepseek_v3 split attention and dense layers and keep MoE 
                                                       Contains("wo") || Contains("w2"));
   }
 }
+
+TEST_CASE(
+    "expert tensor parallelism cuts the routed experts along their hidden size, each "
+    "slice drawing the whole tensor's values",
+    "[tp]") {
+  // Reference: one process's initialization (the counter streams of ParamStore::initialize);
+  // tp rank 1 of 2 must hold exactly its hidden rows of w1/w3 and hidden columns of w2.
+  Llama4 whole(llama4_flavor("debugmodel"), at::kCPU);
+  Llama4 part(llama4_flavor("debugmodel"), at::kCPU);
+  const TpPlan& plan = part.tp_plan();
+  CHECK(plan.expert_column.size() == 6);  // 3 MoE layers x (w1, w3)
+  CHECK(plan.expert_row.size() == 3);     // 3 MoE layers x w2
+  CHECK_FALSE(plan.split_experts);
+  split_for_tensor_parallel(part, 2, 1, /*split_experts=*/true);
+  CHECK(part.tp_plan().split_experts);
+  // The replicated set (gradients summed over tp) no longer holds the routed experts.
+  for (int64_t i : part.tp_plan().replicated())
+    CHECK_THAT(part.params()[i].name, !Contains(".moe.experts.w"));
+  whole.params().initialize(3);
+  part.params().initialize(3);
+  for (int64_t i : plan.expert_column) {
+    const Param& p = part.params()[i];
+    INFO(p.name);
+    CHECK(p.value.sizes().vec() == std::vector<int64_t>{8, 256, 256});
+    CHECK(at::equal(p.value, whole.params()[i].value.narrow(1, 256, 256)));
+  }
+  for (int64_t i : plan.expert_row) {
+    const Param& p = part.params()[i];
+    INFO(p.name);
+    CHECK(p.value.sizes().vec() == std::vector<int64_t>{8, 256, 256});
+    CHECK(at::equal(p.value, whole.params()[i].value.narrow(2, 256, 256)));
+  }
+  // Without expert tensor parallelism the experts stay whole (etp 1, as before).
+  Llama4 kept(llama4_flavor("debugmodel"), at::kCPU);
+  split_for_tensor_parallel(kept, 2, 0);
+  for (int64_t i : plan.expert_column)
+    CHECK(kept.params()[i].value.sizes().vec() == std::vector<int64_t>{8, 512, 256});
+}
