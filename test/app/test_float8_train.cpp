@@ -168,7 +168,8 @@ TEST_CASE("float8: which linears convert, and project() runs them in float8", "[
       CHECK(n.find("output") == std::string::npos);
       CHECK(n.find("tok_embeddings") == std::string::npos);
       CHECK(n.find("router") == std::string::npos);
-      CHECK(n.find("experts.w") == std::string::npos || n.find("shared_experts") != std::string::npos);
+      CHECK((n.find("experts.w") == std::string::npos ||
+             n.find("shared_experts") != std::string::npos));
     }
     // filter_fqns: substrings of the fqn.
     Float8Plan no_wq = plan_float8_linears(ps, {"attention.wq"}, float8::Recipe::Rowwise);
