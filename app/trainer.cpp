@@ -237,10 +237,11 @@ void Trainer::setup_float8() {
     // torchtitan's rule: float8 GEMMs need SM89 or later; emulation must be asked for.
     CudaDeviceInfo ci = cuda_device_info(device_.index());
     if (ci.major * 10 + ci.minor < 89)
-      throw UserError("model.converters = [\"float8\"] needs a GPU of compute capability 8.9 or "
-                      "later, but " + ci.name + " is sm_" + std::to_string(ci.major) +
-                      std::to_string(ci.minor) +
-                      "; allowed: quantize.linear.float8.emulate = true (emulated float8 GEMMs)");
+      throw UserError(
+          "model.converters = [\"float8\"] needs a GPU of compute capability 8.9 or "
+          "later, but " +
+          ci.name + " is sm_" + std::to_string(ci.major) + std::to_string(ci.minor) +
+          "; allowed: quantize.linear.float8.emulate = true (emulated float8 GEMMs)");
   }
   const Float8Plan plan = plan_float8_linears(model_->params(), f.filter_fqns, opts.recipe);
   model_->set_float8(opts, plan.converted);

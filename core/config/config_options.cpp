@@ -475,7 +475,8 @@ std::vector<Option> build_registry() {
 // torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
 // loggers, Python-side tuning, and sub-settings of features that are rejected while off
 // (pipeline and context parallel details, MX recipes: the mx converter is refused). v0.1's
-// float8.force_recompute_fp8_weight_in_bwd is what titan-train's float8 op always does. "x.*" covers x and below.
+// float8.force_recompute_fp8_weight_in_bwd is what titan-train's float8 op always does. "x.*"
+// covers x and below.
 const std::vector<std::string> kIgnored = {
     "profiling.enable_memory_snapshot",
     "profiling.save_memory_snapshot_folder",

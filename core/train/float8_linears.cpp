@@ -43,8 +43,8 @@ Marks& marks() {
 
 }  // namespace
 
-Float8Plan plan_float8_linears(const ParamStore& params, const std::vector<std::string>& filter_fqns,
-                               float8::Recipe recipe) {
+Float8Plan plan_float8_linears(const ParamStore& params,
+                               const std::vector<std::string>& filter_fqns, float8::Recipe recipe) {
   const std::string kAuto = "auto_filter_small_kn";
   const bool auto_filter =
       std::find(filter_fqns.begin(), filter_fqns.end(), kAuto) != filter_fqns.end();

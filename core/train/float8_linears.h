@@ -32,8 +32,8 @@ struct Float8Plan {
 // filter_fqns holds "auto_filter_small_kn", by torchao 0.18's size thresholds for the recipe
 // (_auto_filter_for_recipe): tensorwise skips K <= 4096 and N <= 1024; rowwise skips
 // N <= 2048, K <= 1024, or N <= 4096 and K <= 2048.
-Float8Plan plan_float8_linears(const ParamStore& params, const std::vector<std::string>& filter_fqns,
-                               float8::Recipe recipe);
+Float8Plan plan_float8_linears(const ParamStore& params,
+                               const std::vector<std::string>& filter_fqns, float8::Recipe recipe);
 
 // project()'s side. The weight tensors marked since they were made run in float8 with
 // `opts`; marks end with their tensor. Thread-safe (backward may run on other threads).

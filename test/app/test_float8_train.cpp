@@ -24,11 +24,13 @@ const std::string kRun =
     "--validation.enable false --metrics.enable_tensorboard false ";
 
 test::CmdResult train(const std::string& model, const std::string& args) {
-  return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
-                   test::binary() + " --config configs/" + model + "_debug.toml " + kRun + args);
+  return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() +
+                   " --config configs/" + model + "_debug.toml " + kRun + args);
 }
 
-std::string tail(const std::string& s) { return s.substr(s.size() > 3000 ? s.size() - 3000 : 0); }
+std::string tail(const std::string& s) {
+  return s.substr(s.size() > 3000 ? s.size() - 3000 : 0);
+}
 
 }  // namespace
 
@@ -43,9 +45,10 @@ TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to th
     auto lb = test::losses(dir.file("base"));
     REQUIRE(lb.size() == 50);
     for (const std::string recipe : {"tensorwise", "rowwise"}) {
-      auto r = train(model, "--training.steps 50 --model.converters float8 "
-                            "--quantize.linear.float8.recipe_name " +
-                                recipe + " --job.dump_folder " + dir.file(recipe));
+      auto r = train(model,
+                     "--training.steps 50 --model.converters float8 "
+                     "--quantize.linear.float8.recipe_name " +
+                         recipe + " --job.dump_folder " + dir.file(recipe));
       INFO(model << " " << recipe << "\n" << tail(r.out));
       REQUIRE(r.rc == 0);
       CHECK_THAT(r.out, Contains("float8: recipe " + recipe));
@@ -56,8 +59,7 @@ TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to th
       REQUIRE(lf.size() == 50);
       const double rel = std::abs(lf[50] - lb[50]) / lb[50];
       WARN(model << " " << recipe << ": loss step 1 " << lf[1] << " (without float8 " << lb[1]
-                 << "), step 50 " << lf[50] << " (without " << lb[50] << "), relative "
-                 << rel);
+                 << "), step 50 " << lf[50] << " (without " << lb[50] << "), relative " << rel);
       CHECK(lf[50] < lf[1] - 1.0);  // it learns
       CHECK(rel < 0.03);
       CHECK(lf[50] != lb[50]);  // float8 is really on
@@ -94,10 +96,11 @@ TEST_CASE("float8: the CPU capture check passes with float8 on", "[float8][app][
   for (const std::string model : {"llama3", "deepseek_v3"})
     for (const std::string recipe : {"tensorwise", "rowwise"}) {
       // v0.2.2's converter name here, the older "float8" elsewhere.
-      auto r = train(model, "--training.steps 5 --compile.enable true "
-                            "--model.converters quantize.linear.float8 "
-                            "--quantize.linear.float8.recipe_name " +
-                                recipe + " --job.dump_folder " + dir.file(model + recipe));
+      auto r = train(model,
+                     "--training.steps 5 --compile.enable true "
+                     "--model.converters quantize.linear.float8 "
+                     "--quantize.linear.float8.recipe_name " +
+                         recipe + " --job.dump_folder " + dir.file(model + recipe));
       INFO(model << " " << recipe << "\n" << tail(r.out));
       REQUIRE(r.rc == 0);
       CHECK_THAT(r.out, Contains("float8: recipe " + recipe));
@@ -120,8 +123,7 @@ TEST_CASE("float8: bad float8 input exits 2 naming the key", "[float8][app]") {
       {"--model.converters quantize.linear.float8 "
        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true",
        "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "not implemented yet"},
-      {"--model.converters quantize.grouped_mm.float8", "model.converters",
-       "not implemented yet"},
+      {"--model.converters quantize.grouped_mm.float8", "model.converters", "not implemented yet"},
       {"--model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp "
        "--quantize.linear.float8.filter_fqns auto_filter_small_kn",
        "quantize.linear.float8.filter_fqns", "rowwise_with_gw_hp"},
@@ -130,7 +132,8 @@ TEST_CASE("float8: bad float8 input exits 2 naming the key", "[float8][app]") {
        "activation_checkpoint.selective_ac_option", "not implemented yet"},
   };
   for (const Case& c : cases) {
-    auto r = train("llama3", "--training.steps 1 --job.dump_folder " + dir.file("x") + " " + c.args);
+    auto r =
+        train("llama3", "--training.steps 1 --job.dump_folder " + dir.file("x") + " " + c.args);
     INFO(c.args << "\n" << tail(r.out));
     CHECK(r.rc == 2);
     CHECK_THAT(r.out, Contains(c.key));
@@ -173,7 +176,8 @@ TEST_CASE("float8: which linears convert, and project() runs them in float8", "[
     }
     // filter_fqns: substrings of the fqn.
     Float8Plan no_wq = plan_float8_linears(ps, {"attention.wq"}, float8::Recipe::Rowwise);
-    CHECK(no_wq.converted.size() + no_wq.filtered.size() == all.converted.size() + all.filtered.size());
+    CHECK(no_wq.converted.size() + no_wq.filtered.size() ==
+          all.converted.size() + all.filtered.size());
     CHECK(no_wq.filtered.size() > all.filtered.size());
     // The debug models are far below torchao's thresholds: auto_filter_small_kn keeps all.
     Float8Plan small = plan_float8_linears(ps, {"auto_filter_small_kn"}, float8::Recipe::Rowwise);

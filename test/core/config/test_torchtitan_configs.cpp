@@ -359,7 +359,8 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
   toml::table t = toml::parse(text);
   // Float8 linears run; what 405B asks of them beside (float8 all-gather) does not yet.
   if (auto* conv = t["model"]["converters"].as_array(); conv && !conv->empty())
-    for (const char* k : {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"})
+    for (const char* k :
+         {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"})
       if (t["quantize"]["linear"]["float8"][k].value_or(false))
         out.push_back(std::string("quantize.linear.float8.") + k);
   for (const char* k : {"pipeline_parallel_degree", "context_parallel_degree"})
@@ -422,9 +423,10 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
   CHECK(loaded >= 7);
 }
 
-TEST_CASE("torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
-          "get past TP and name async TP, float8 all-gather or pipeline parallel",
-          "[torchtitan-configs][tp]") {
+TEST_CASE(
+    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
+    "get past TP and name async TP, float8 all-gather or pipeline parallel",
+    "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
   for (const char* f : {"llama3_70b.toml", "llama4_17bx16e.toml"}) {
