@@ -149,7 +149,7 @@ TEST_CASE("float8: bad float8 input exits 2 naming the key", "[float8][app]") {
     INFO(section << "\n" << r.out);
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("[quantize.linear.float8]"));
-    CHECK_THAT(r.out, Contains("recipe_name = \"rowwise\""));
+    CHECK_THAT(r.out, Contains("recipe_name = 'rowwise'"));
     CHECK_THAT(r.out, Contains("emulate = true"));
   }
 }
