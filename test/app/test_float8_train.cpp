@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "core/config/config.h"
 #include "core/train/float8_linears.h"
@@ -18,7 +19,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// seq_len 64 and 2 sequences: a 50-step debug run takes seconds on the CPU.
+// seq_len 64 and 2 sequences: a 50-step debug run takes 10-60 s on the CPU.
 const std::string kRun =
     "--training.local_batch_size 2 --training.seq_len 64 --metrics.log_freq 1 "
     "--validation.enable false --metrics.enable_tensorboard false ";
@@ -32,9 +33,19 @@ std::string tail(const std::string& s) {
   return s.substr(s.size() > 3000 ? s.size() - 3000 : 0);
 }
 
+// The loss "at step 50" is the mean of steps 41..50. On 128-token batches one step's loss
+// swings by up to 20% (the deepseek_v3 debugmodel without float8: 7.82 at step 44, 6.05 at
+// step 45), so a 3% bound on a single step would measure that noise, not float8 (measured:
+// deepseek_v3 rowwise 7.19 at step 50 against 6.34 without float8, while the means of steps
+// 41..50 differ by 1.2%). Tolerance 3% (issue 30). The figures are printed (WARN).
+double late_loss(const std::map<int64_t, double>& l) {
+  double sum = 0;
+  for (int64_t s = 41; s <= 50; ++s) sum += l.at(s);
+  return sum / 10;
+}
+
 }  // namespace
 
-// Tolerance 3% at step 50 (issue 30). The figures of a run are printed (-s) for docs/float8.md.
 TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to the run without it",
           "[float8][app]") {
   for (const std::string model : {"llama3", "deepseek_v3"}) {
@@ -45,10 +56,9 @@ TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to th
     auto lb = test::losses(dir.file("base"));
     REQUIRE(lb.size() == 50);
     for (const std::string recipe : {"tensorwise", "rowwise"}) {
-      auto r = train(model,
-                     "--training.steps 50 --model.converters float8 "
-                     "--quantize.linear.float8.recipe_name " +
-                         recipe + " --job.dump_folder " + dir.file(recipe));
+      auto r = train(model, "--training.steps 50 --model.converters float8 "
+                            "--quantize.linear.float8.recipe_name " +
+                                recipe + " --job.dump_folder " + dir.file(recipe));
       INFO(model << " " << recipe << "\n" << tail(r.out));
       REQUIRE(r.rc == 0);
       CHECK_THAT(r.out, Contains("float8: recipe " + recipe));
@@ -57,10 +67,12 @@ TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to th
       CHECK_THAT(r.out, Contains("linears converted"));
       auto lf = test::losses(dir.file(recipe));
       REQUIRE(lf.size() == 50);
-      const double rel = std::abs(lf[50] - lb[50]) / lb[50];
-      WARN(model << " " << recipe << ": loss step 1 " << lf[1] << " (without float8 " << lb[1]
-                 << "), step 50 " << lf[50] << " (without " << lb[50] << "), relative " << rel);
-      CHECK(lf[50] < lf[1] - 1.0);  // it learns
+      const double rel = std::abs(late_loss(lf) - late_loss(lb)) / late_loss(lb);
+      WARN(model << " " << recipe << ": loss at step 1 " << lf[1] << " (without float8 " << lb[1]
+                 << "), at step 50 " << lf[50] << " (without " << lb[50]
+                 << "), mean of steps 41-50 " << late_loss(lf) << " (without " << late_loss(lb)
+                 << "), relative difference " << rel);
+      CHECK(late_loss(lf) < lf[1] - 1.0);  // it learns
       CHECK(rel < 0.03);
       CHECK(lf[50] != lb[50]);  // float8 is really on
     }
