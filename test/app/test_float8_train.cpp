@@ -56,9 +56,10 @@ TEST_CASE("float8: llama3 and deepseek_v3 debugmodels train 50 steps close to th
     auto lb = test::losses(dir.file("base"));
     REQUIRE(lb.size() == 50);
     for (const std::string recipe : {"tensorwise", "rowwise"}) {
-      auto r = train(model, "--training.steps 50 --model.converters float8 "
-                            "--quantize.linear.float8.recipe_name " +
-                                recipe + " --job.dump_folder " + dir.file(recipe));
+      auto r = train(model,
+                     "--training.steps 50 --model.converters float8 "
+                     "--quantize.linear.float8.recipe_name " +
+                         recipe + " --job.dump_folder " + dir.file(recipe));
       INFO(model << " " << recipe << "\n" << tail(r.out));
       REQUIRE(r.rc == 0);
       CHECK_THAT(r.out, Contains("float8: recipe " + recipe));
