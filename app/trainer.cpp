@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "app/fatal.h"
+#include "core/train/float8_linears.h"
 #include "core/telemetry/cuda_info.h"
 #include "core/base/errors.h"
 #include "core/train/functional.h"
@@ -214,12 +216,47 @@ void Trainer::setup_model() {
     throw UserError("validation.seq_len = " + std::to_string(cfg_.validation.seq_len) +
                     " exceeds the model's max_seq_len " + std::to_string(info.max_seq_len));
   if (bf16_) model_->set_compute_dtype(at::kBFloat16);
+  setup_float8();
   if (apply_activation_checkpointing(*model_, cfg_.activation_checkpoint) == "op")
     log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
              "the ops between them recomputed)");
   if (cc.initial_load_in_hf || cc.last_save_in_hf)  // validate_config: both can act
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init_ && !fsdp_ && tp_ == 1) load_hf_init();
+}
+
+// model.converters = ["float8"]: the model's linears (not the output, embedding or router)
+// compute in float8 unless filtered (core/train/float8_linears.h, docs/float8.md).
+void Trainer::setup_float8() {
+  if (!float8_linear_enabled(cfg_)) return;
+  const Float8Section& f = cfg_.float8;
+  float8::Options opts;
+  opts.recipe = *float8::parse_recipe(f.recipe_name);  // the registry admits only these names
+  opts.emulate = f.emulate;
+  if (cuda_ && !opts.emulate) {
+    // torchtitan's rule: float8 GEMMs need SM89 or later; emulation must be asked for.
+    CudaDeviceInfo ci = cuda_device_info(device_.index());
+    if (ci.major * 10 + ci.minor < 89)
+      throw UserError(
+          "model.converters = [\"float8\"] needs a GPU of compute capability 8.9 or "
+          "later, but " +
+          ci.name + " is sm_" + std::to_string(ci.major) + std::to_string(ci.minor) +
+          "; allowed: quantize.linear.float8.emulate = true (emulated float8 GEMMs)");
+  }
+  const Float8Plan plan = plan_float8_linears(model_->params(), f.filter_fqns, opts.recipe);
+  model_->set_float8(opts, plan.converted);
+  std::string filtered;
+  for (size_t i = 0; i < plan.filtered.size(); ++i) {
+    if (i == 3) {
+      filtered += ", ...";
+      break;
+    }
+    filtered += (i ? ", " : " (") + plan.filtered[i] + ": " + plan.filtered_reasons[i];
+  }
+  if (!plan.filtered.empty()) filtered += ")";
+  log_info("=> " + float8::describe(opts, device_) + "; " + std::to_string(plan.converted.size()) +
+           " linears converted, " + std::to_string(plan.filtered.size()) + " filtered" + filtered +
+           "; output, embedding and router in high precision");
 }
 
 void Trainer::load_hf_init() {

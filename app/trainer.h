@@ -58,6 +58,7 @@ class Trainer {
   // Installs the exchange over `group` in the model, with its capacity control.
   void set_expert_exchange(ProcessGroup& group);
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
+  void setup_float8();
   void load_hf_init();
   void setup_optimizer();
   void setup_compile();

@@ -162,6 +162,19 @@ struct MoESection {
   double seq_aux_loss_coeff = 0;
 };
 
+// [quantize.linear.float8] (torchtitan v0.2.2; v0.1's [float8]): read when model.converters
+// holds "float8" (docs/float8.md).
+struct Float8Section {
+  std::string recipe_name;               // tensorwise, rowwise or rowwise_with_gw_hp
+  std::vector<std::string> filter_fqns;  // substrings of linear fqns left in high precision;
+                                         // "auto_filter_small_kn": torchao's size rule
+  bool emulate = false;
+  // Not implemented yet: refused when the converter is on (inert otherwise, as in torchtitan).
+  bool enable_fsdp_float8_all_gather = false;
+  bool precompute_float8_dynamic_scale_for_fsdp = false;
+  std::vector<std::string> grouped_mm_fqns;  // [quantize.grouped_mm.float8] fqns
+};
+
 struct JobConfig {
   JobSection job;
   MetricsSection metrics;
@@ -178,7 +191,12 @@ struct JobConfig {
   ValidationSection validation;
   CommSection comm;
   MoESection moe;
+  Float8Section float8;
 };
+
+// model.converters turns on the float8 linears: torchtitan v0.2.2's converter name
+// "quantize.linear.float8", or "float8" as its shipped configs and earlier releases write it.
+bool float8_linear_enabled(const JobConfig& cfg);
 
 // ---- The registry ------------------------------------------------------------------------
 

@@ -129,8 +129,11 @@ void model_options(std::vector<Option>& out) {
         "Transformer blocks; 0: the flavor's. Another value keeps the flavor's width, e.g. to "
         "benchmark a large flavor's real layers on one device")
       .range(0.0, kNoMax);
-  s.later("converters", Strings{}, "float8 / mx training (model converters)",
-          "Model converters (float8, mx): not supported yet");
+  s.add("converters", &ModelSection::converters, Strings{},
+        "Model converters: \"quantize.linear.float8\" (or \"float8\") trains the linear "
+        "layers with float8 GEMMs ([quantize.linear.float8], docs/float8.md); "
+        "\"quantize.grouped_mm.float8\" is not implemented yet")
+      .choices({"float8", "quantize.linear.float8", "quantize.grouped_mm.float8"});
 }
 
 void optimizer_options(std::vector<Option>& out) {
@@ -445,6 +448,40 @@ void moe_options(std::vector<Option>& out) {
       .range(0.0, kNoMax);
 }
 
+// torchtitan v0.2.2's Float8Linear and Float8GroupedMM; v0.1's [float8] names are aliases.
+void float8_options(std::vector<Option>& out) {
+  using F = Float8Section;
+  SectionDefs<F> s("quantize.linear.float8", &JobConfig::float8, out);
+  // torchtitan's default (no recipe) is torchao's default config, which is tensorwise.
+  s.add("recipe_name", &F::recipe_name, "tensorwise",
+        "Float8 scaling recipe (torchao's): tensorwise (one scale per tensor), rowwise (per "
+        "row, power-of-2 scales) or rowwise_with_gw_hp (rowwise; weight gradient in high "
+        "precision)")
+      .choices({"tensorwise", "rowwise", "rowwise_with_gw_hp"})
+      .alias("float8.recipe_name");
+  s.add("filter_fqns", &F::filter_fqns, Strings{},
+        "Linear layers left in high precision: those whose fully qualified name contains one "
+        "of these; \"auto_filter_small_kn\" also leaves those too small to gain (torchao's "
+        "K/N thresholds). The output layer, embedding and router always stay high precision")
+      .alias("float8.filter_fqns");
+  s.add("emulate", &F::emulate, false,
+        "Quantize and dequantize, then multiply in high precision, on every device (needed "
+        "on CUDA below SM89; the CPU emulates what its kernel lacks by itself)")
+      .alias("float8.emulate");
+  s.add("enable_fsdp_float8_all_gather", &F::enable_fsdp_float8_all_gather, false,
+        "Gather FSDP weights in float8: not implemented yet (true exits 2 while float8 is on)")
+      .alias("float8.enable_fsdp_float8_all_gather");
+  s.add("precompute_float8_dynamic_scale_for_fsdp", &F::precompute_float8_dynamic_scale_for_fsdp,
+        false,
+        "One fused amax for every weight's float8 scale after the optimizer step: not "
+        "implemented yet (true exits 2 while float8 is on)")
+      .alias("float8.precompute_float8_dynamic_scale_for_fsdp");
+  SectionDefs<F> g("quantize.grouped_mm.float8", &JobConfig::float8, out);
+  g.add("fqns", &F::grouped_mm_fqns, Strings{},
+        "MoE layers whose routed experts' grouped GEMMs run in float8 (converter "
+        "quantize.grouped_mm.float8): not implemented yet");
+}
+
 std::vector<Option> build_registry() {
   std::vector<Option> out;
   job_options(out);
@@ -462,19 +499,23 @@ std::vector<Option> build_registry() {
   validation_options(out);
   comm_options(out);
   moe_options(out);
+  float8_options(out);
   return out;
 }
 
 // torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
 // loggers, Python-side tuning, and sub-settings of features that are rejected while off
-// (the deprecated pipeline split points, context parallel details, quantization recipes). "x.*"
+// (the deprecated pipeline split points, context parallel details, MX recipes: the mx
+// converter is refused). v0.1's float8.force_recompute_fp8_weight_in_bwd is what titan-train's
+// float8 op always does. "x.*"
 // covers x and below.
 const std::vector<std::string> kIgnored = {
     "profiling.enable_memory_snapshot",
     "profiling.save_memory_snapshot_folder",
-    "float8.*",
+    "float8.force_recompute_fp8_weight_in_bwd",
     "mx.*",
-    "quantize.*",
+    "quantize.linear.mx.*",
+    "quantize.grouped_mm.mx.*",
     "fault_tolerance.*",
     "experimental.*",
     "memory_estimation.*",

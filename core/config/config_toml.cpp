@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -125,10 +126,18 @@ OptValue toml_to_value(const Option& opt, const toml::node& n, const std::string
   wrong_type(opt, where, describe_toml_node(n));
 }
 
+// A top-level table that holds options, directly or in sub-tables ([quantize] holds
+// [quantize.linear.float8]), under their names or aliases ([float8]), or ignored keys.
 bool section_known(const std::string& section) {
-  for (auto& o : registry())
-    if (o.section == section) return true;
-  return ignored_torchtitan_entry(section + ".x") != "";
+  auto covers = [&](const std::string& name) { return name.rfind(section + ".", 0) == 0; };
+  for (auto& o : registry()) {
+    if (covers(o.name())) return true;
+    for (auto& a : o.aliases)
+      if (covers(a)) return true;
+  }
+  for (auto& k : ignored_torchtitan_keys())
+    if (covers(k)) return true;
+  return false;
 }
 
 void check_section(const std::string& section, const std::string& where) {
@@ -162,8 +171,21 @@ std::vector<TomlEntry> toml_entries(const toml::table& root, const std::string& 
                       "': expected a [section] table, found " + describe_toml_node(sec_node) +
                       "; allowed: sections such as [training] (see --help)");
     check_section(section, where);
-    for (auto&& [k, node] : *tbl)
-      out.push_back({section + "." + std::string(k.str()), &node, node.source().begin});
+    // Sub-tables that hold options of their own ([quantize.linear.float8]) are walked; other
+    // tables stay one entry (an ignored torchtitan table, or an unknown key).
+    std::function<void(const std::string&, const toml::table&)> walk =
+        [&](const std::string& prefix, const toml::table& t) {
+          for (auto&& [k, node] : t) {
+            const std::string name = prefix + "." + std::string(k.str());
+            const toml::table* sub = node.as_table();
+            if (sub && !find_option(name) && !is_ignored_torchtitan_key(name) &&
+                section_known(name))
+              walk(name, *sub);
+            else
+              out.push_back({name, &node, node.source().begin});
+          }
+        };
+    walk(section, *tbl);
   }
   std::stable_sort(out.begin(), out.end(), [](const TomlEntry& a, const TomlEntry& b) {
     return a.pos.line != b.pos.line ? a.pos.line < b.pos.line : a.pos.column < b.pos.column;

@@ -240,7 +240,10 @@ std::string describe(const Options& opts, const c10::Device& device) {
 Quantized quantize(const at::Tensor& x, at::ScalarType float8_dtype, bool rowwise, int64_t dim,
                    bool power_of_2) {
   const double fmax = float8_max(float8_dtype);
-  at::Tensor amax = rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::max(at::abs(x));
+  // at::amax over every dim, not at::max: the CPU kernel of a full max fills its result with
+  // the host value it reduced (aten::fill_ with a changing scalar, a capture break), while
+  // amax reduces into the tensor. The same value: a max is exact.
+  at::Tensor amax = rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::amax(at::abs(x));
   // torchao computes fmax / amax as amax.reciprocal() * fmax in fp64 (Python's float / tensor).
   at::Tensor scale =
       amax.to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(fmax).to(at::kFloat);

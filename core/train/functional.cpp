@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/kernels/ops.h"
+#include "core/train/float8_linears.h"
 #include "core/train/recompute.h"
 
 namespace titan {
@@ -32,6 +33,10 @@ struct MetaFlashAttention : torch::autograd::Function<MetaFlashAttention> {
 }  // namespace
 
 at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
+  // A weight marked by Model::weight() for float8 (core/train/float8_linears.h). Op-level
+  // checkpointing is refused with float8 (validate_config), so the tape never sees one.
+  if (std::optional<float8::Options> f8 = float8_options_of(w))
+    return float8::float8_linear(x, w, at::Tensor(), *f8);
   return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
 }
 

@@ -8,7 +8,8 @@ namespace titan {
 
 // x w^T: the GEMM of every linear layer without bias. x: (..., D); w: (O, D) -> (..., O).
 // Models route their linear layers through this (not at::linear) so that op-level
-// activation checkpointing (core/train/recompute.h) can save or replay the result.
+// activation checkpointing (core/train/recompute.h) can save or replay the result, and so
+// that a weight marked for float8 (core/train/float8_linears.h) runs its GEMMs in float8.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w);
 
 // Causal scaled dot-product attention, as at::scaled_dot_product_attention with

@@ -7,6 +7,7 @@
 
 #include "core/base/counter_rng.h"
 #include "core/train/capture_check.h"
+#include "core/train/float8_linears.h"
 #include "core/train/functional.h"
 #include "core/kernels/fused_loss.h"
 
@@ -140,7 +141,19 @@ void Model::init_weights(uint64_t seed) {
   reset_state();
 }
 
+void Model::set_float8(const float8::Options& opts, const std::vector<int64_t>& params) {
+  float8_opts_ = opts;
+  float8_.assign(static_cast<size_t>(params_.size()), false);
+  for (int64_t i : params) float8_.at(static_cast<size_t>(i)) = true;
+}
+
 at::Tensor Model::weight(int64_t i) const {
+  at::Tensor w = compute_weight(i);
+  if (!float8_.empty() && float8_[static_cast<size_t>(i)]) mark_float8_weight(w, float8_opts_);
+  return w;
+}
+
+at::Tensor Model::compute_weight(int64_t i) const {
   if (weight_fn_) return weight_fn_(i);
   const at::Tensor& p = params_[i].value;
   if (p.scalar_type() == compute_dtype_) return p;

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/kernels/float8_linear.h"
 #include "core/train/expert_exchange.h"
 #include "core/train/recompute.h"
 #include "core/train/tensor_parallel.h"
@@ -205,6 +207,12 @@ class Model {
     block_done_ = std::move(fn);
   }
   void set_compute_dtype(at::ScalarType t) { compute_dtype_ = t; }
+  // Float8 training (docs/float8.md): the linears whose weights are store indices `params`
+  // compute their GEMMs with float8_linear and `opts` (weight() marks their compute form).
+  void set_float8(const float8::Options& opts, const std::vector<int64_t>& params);
+  int64_t float8_linears() const {
+    return static_cast<int64_t>(std::count(float8_.begin(), float8_.end(), true));
+  }
   // The optimizer has updated the fp32 masters in place. at::_fused_adamw_ does not bump the
   // version counters of the tensors it writes, so without this the compute-dtype casts
   // weight() keeps would go stale and every forward would see the first step's weights.
@@ -282,8 +290,11 @@ class Model {
   };
   mutable std::vector<CachedCast> cast_cache_;
   uint64_t weights_generation_ = 1;
+  std::vector<bool> float8_;  // by store index; empty: no float8
+  float8::Options float8_opts_;
 
  private:
+  at::Tensor compute_weight(int64_t i) const;  // weight() before the float8 mark
   std::vector<std::vector<int64_t>> block_params_;
   std::vector<BlockFn> block_fns_;  // must outlive backward (checkpoint_block keeps &fn)
   std::unique_ptr<OpCheckpointPolicy> op_policy_;  // likewise kept by address in backward

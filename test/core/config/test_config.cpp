@@ -116,21 +116,29 @@ TEST_CASE("config: bad TOML input names the key and the line and what is allowed
   CHECK(err("[job]\ndescription = '''\xC6\xA0\\'''\n").empty());
   // torchtitan keys we ignore warn instead of failing.
   w.clear();
-  CHECK(err("[float8]\nenable_fsdp_float8_all_gather = true\n[training]\ngc_freq = 5\n").empty());
+  CHECK(err("[mx]\nrecipe_name = \"mxfp8\"\n[training]\ngc_freq = 5\n").empty());
   REQUIRE(w.size() == 2);
-  CHECK_THAT(w[0], Contains("x.toml:2: ignoring torchtitan keys float8.*"));
+  CHECK_THAT(w[0], Contains("x.toml:2: ignoring torchtitan keys mx.*"));
   CHECK_THAT(w[1], Contains("x.toml:4: ignoring torchtitan key training.gc_freq"));
   // Once per key or ignored section, however often it appears.
-  CHECK(err("[float8]\nemulate = true\n[training]\ngc_freq = 6\n").empty());
+  CHECK(err("[mx]\nfilter_fqns = []\n[training]\ngc_freq = 6\n").empty());
   CHECK(w.size() == 2);
-  // Nested torchtitan tables: one warning for the whole quantize section.
+  // Nested torchtitan tables: options below a section are read ([quantize.linear.float8]),
+  // an ignored table warns once for all its keys.
   w.clear();
   CHECK(err("[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n[quantize.grouped_mm.mx]\n"
-            "fqns = [\"experts\"]\n[training.dataloader]\nnum_workers = 2\n")
+            "fqns = [\"experts\"]\nrecipe_name = \"mxfp8\"\n[training.dataloader]\n"
+            "num_workers = 2\n")
             .empty());
   REQUIRE(w.size() == 2);
-  CHECK_THAT(w[0], Contains("quantize.*"));
+  CHECK_THAT(w[0], Contains("quantize.grouped_mm.mx.*"));
   CHECK_THAT(w[1], Contains("training.dataloader.*"));
+  // v0.1's [float8] is an older name of [quantize.linear.float8].
+  w.clear();
+  CHECK(err("[float8]\nemulate = true\n").empty());
+  REQUIRE(w.size() == 1);
+  CHECK_THAT(w[0], Contains("float8.emulate is an older torchtitan name; the current name is "
+                            "quantize.linear.float8.emulate"));
   // Tables elsewhere are errors.
   CHECK_THAT(err("[training.steps]\nx = 1\n"),
              Contains("training.steps: expected int, found a table"));
@@ -198,7 +206,8 @@ TEST_CASE("config: inconsistent values are rejected with the numbers involved", 
 TEST_CASE("config: nearest valid name", "[config]") {
   CHECK(nearest_option_name("training.stepz") == "training.steps");
   CHECK(nearest_option_name("optimizer.learning_rate").rfind("optimizer.", 0) == 0);
-  CHECK(is_ignored_torchtitan_key("float8.anything"));
+  CHECK(is_ignored_torchtitan_key("mx.anything"));
+  CHECK_FALSE(is_ignored_torchtitan_key("float8.emulate"));
   CHECK_FALSE(is_ignored_torchtitan_key("training.steps"));
 }
 

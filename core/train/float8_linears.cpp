@@ -1,0 +1,102 @@
+#include "core/train/float8_linears.h"
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/train/model.h"
+
+namespace titan {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// torchao 0.18's _auto_filter_for_tensorwise / _auto_filter_for_rowwise thresholds (measured
+// on H100 by torchao): true when the GEMM is too small for float8 to gain.
+bool too_small(float8::Recipe r, int64_t n, int64_t k) {
+  if (r == float8::Recipe::Tensorwise) return k <= 4096 && n <= 1024;
+  return n <= 2048 || k <= 1024 || (n <= 4096 && k <= 2048);
+}
+
+// Marked weights by TensorImpl address. The weak reference keeps the address from being
+// reused by another tensor while the entry exists, so a stale entry can never match a new
+// tensor; expired entries are pruned as marks are added.
+struct Marks {
+  std::mutex mu;
+  std::unordered_map<const c10::TensorImpl*,
+                     std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, float8::Options>>
+      by_impl;
+  size_t adds_since_prune = 0;
+  std::atomic<bool> any{false};  // lock-free answer for runs without float8
+};
+
+Marks& marks() {
+  static Marks m;
+  return m;
+}
+
+}  // namespace
+
+Float8Plan plan_float8_linears(const ParamStore& params,
+                               const std::vector<std::string>& filter_fqns, float8::Recipe recipe) {
+  const std::string kAuto = "auto_filter_small_kn";
+  const bool auto_filter =
+      std::find(filter_fqns.begin(), filter_fqns.end(), kAuto) != filter_fqns.end();
+  Float8Plan plan;
+  for (int64_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    const std::vector<int64_t> shape = p.model_shape();
+    if (p.expert() || shape.size() != 2 || !ends_with(p.name, ".weight")) continue;
+    const std::string fqn = p.name.substr(0, p.name.size() - 7);
+    if (fqn == "tok_embeddings" || fqn == "output" || ends_with(fqn, "router.gate")) continue;
+    const int64_t n = shape[0], k = shape[1];  // (N, K) = (out_features, in_features)
+    std::string why;
+    for (const std::string& f : filter_fqns)
+      if (f != kAuto && fqn.find(f) != std::string::npos) {
+        why = "filter_fqns \"" + f + "\"";
+        break;
+      }
+    if (why.empty() && (n % 16 != 0 || k % 16 != 0)) why = "a dim not a multiple of 16";
+    if (why.empty() && auto_filter && too_small(recipe, n, k)) why = "auto_filter_small_kn";
+    if (why.empty()) {
+      plan.converted.push_back(i);
+    } else {
+      plan.filtered.push_back(fqn);
+      plan.filtered_reasons.push_back(why);
+    }
+  }
+  return plan;
+}
+
+void mark_float8_weight(const at::Tensor& w, const float8::Options& opts) {
+  Marks& m = marks();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const c10::TensorImpl* impl = w.unsafeGetTensorImpl();
+  auto it = m.by_impl.find(impl);
+  if (it != m.by_impl.end() && !it->second.first.expired()) return;
+  m.any = true;
+  if (++m.adds_since_prune >= 256) {
+    m.adds_since_prune = 0;
+    for (auto e = m.by_impl.begin(); e != m.by_impl.end();)
+      e = e->second.first.expired() ? m.by_impl.erase(e) : std::next(e);
+  }
+  m.by_impl.insert_or_assign(
+      impl, std::make_pair(c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), opts));
+}
+
+std::optional<float8::Options> float8_options_of(const at::Tensor& w) {
+  Marks& m = marks();
+  if (!m.any) return std::nullopt;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.by_impl.find(w.unsafeGetTensorImpl());
+  if (it == m.by_impl.end() || it->second.first.expired()) return std::nullopt;
+  return it->second.second;
+}
+
+}  // namespace titan

@@ -1,0 +1,44 @@
+// Which linear layers of a model train in float8, and how project() finds them
+// (docs/float8.md). Models know nothing of it: Model::weight(i) marks the compute form of a
+// converted parameter, and project() runs a marked weight's GEMMs through
+// titan::float8::float8_linear instead of at::linear.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/kernels/float8_linear.h"
+
+namespace titan {
+
+class ParamStore;
+
+// The conversion of one model, decided once from its parameter names and shapes, as
+// torchtitan's float8 converter does with module fqns and weight shapes.
+struct Float8Plan {
+  std::vector<int64_t> converted;             // store indices of the float8 linears' weights
+  std::vector<std::string> filtered;          // linear fqns left in high precision by a rule
+  std::vector<std::string> filtered_reasons;  // the rule, one per `filtered` entry
+};
+
+// The linears are the dense 2-D ".weight" parameters other than the token embedding, the
+// output layer and the MoE router's gate (all three stay in high precision, as in
+// torchtitan's shipped configs). A linear (fqn = the name without ".weight") is left out when
+// its fqn contains an entry of filter_fqns, when its weight (N, K) (whole model shape) has a
+// dim that is not a multiple of 16 (torchtitan's rule: the GPU kernel needs it), and, when
+// filter_fqns holds "auto_filter_small_kn", by torchao 0.18's size thresholds for the recipe
+// (_auto_filter_for_recipe): tensorwise skips K <= 4096 and N <= 1024; rowwise skips
+// N <= 2048, K <= 1024, or N <= 4096 and K <= 2048.
+Float8Plan plan_float8_linears(const ParamStore& params,
+                               const std::vector<std::string>& filter_fqns, float8::Recipe recipe);
+
+// project()'s side. The weight tensors marked since they were made run in float8 with
+// `opts`; marks end with their tensor. Thread-safe (backward may run on other threads).
+void mark_float8_weight(const at::Tensor& w, const float8::Options& opts);
+// The options of a marked weight, or nullopt.
+std::optional<float8::Options> float8_options_of(const at::Tensor& w);
+
+}  // namespace titan
