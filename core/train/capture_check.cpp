@@ -109,8 +109,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   const std::string module = current_module();
   // Reads inside these ops are their CPU kernels reading their own CPU operands (the fused
   // AdamW's lr, the grouped GEMM's offsets, the float8 GEMM's scales, which oneDNN takes as
-  // host values); their CUDA kernels read device memory, so such a read is no break. (Where _grouped_mm would sync on a GPU, below SM90, the experts
-  // backend never picks it: moe/experts.cpp.)
+  // host values); their CUDA kernels read device memory, so such a read is no break. (Where
+  // _grouped_mm would sync on a GPU, below SM90, the experts backend never picks it:
+  // moe/experts.cpp.)
   if (name == "titan::host_read" || (host_read_ops().count(name) && t_device_reader == 0))
     r->host_reads.push_back(name + (module.empty() ? " (in the step itself)" : " in " + module));
   if (device_reader_ops().count(name)) {

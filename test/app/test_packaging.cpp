@@ -107,8 +107,8 @@ TEST_CASE("packaging: train.sh installs only what training needs", "[packaging]"
   INFO(train.out << all.out);
   REQUIRE(train.rc == 0);
   REQUIRE(all.rc == 0);
-  for (const char* test_only : {"slurm-wlm", "munge", "docker.io", "debootstrap", "transformers==",
-                                "torchtitan==", "megatron-core==", "torchao=="}) {
+  for (const char* test_only : {"slurm-wlm", "munge", "docker.io", "debootstrap",
+                                "transformers==", "torchtitan==", "megatron-core==", "torchao=="}) {
     CHECK_THAT(train.out, !Contains(test_only));
     CHECK_THAT(all.out, Contains(test_only));
   }
