@@ -7,15 +7,12 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/base/strings.h"
 #include "core/train/model.h"
 
 namespace titan {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // torchao 0.18's _auto_filter_for_tensorwise / _auto_filter_for_rowwise thresholds (measured
 // on H100 by torchao): true when the GEMM is too small for float8 to gain.
