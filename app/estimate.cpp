@@ -416,6 +416,42 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
               mib(f), f, mib(1.0), cap, mib(cap), mib(INFINITY), layers.size());
 }
 
+// The point-to-point bytes of one step of `plan`, per pipeline rank and in all.
+void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan) {
+  const auto& par = cfg.parallelism;
+  // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
+  // dtype. Under TP each tp rank sends its own copy (no sequence sharding across stages yet).
+  const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
+  const double act = static_cast<double>(par.pipeline_parallel_microbatch_size *
+                                         cfg.training.seq_len * info.dim * dtype_bytes);
+  constexpr double kMib = 1024.0 * 1024.0;
+  std::printf("p2p per step: activation (%lld, %lld, %lld) %s = %.3f MiB per transfer\n",
+              static_cast<long long>(par.pipeline_parallel_microbatch_size),
+              static_cast<long long>(cfg.training.seq_len), static_cast<long long>(info.dim),
+              dtype_bytes == 2 ? "bfloat16" : "float32", act / kMib);
+  int64_t all_sends = 0;
+  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
+    int64_t sf = 0, sb = 0, rf = 0, rb = 0;
+    for (const Action& x : plan.schedule.ranks[r]) {
+      sf += x.type == ActionType::kSendF;
+      sb += x.type == ActionType::kSendB;
+      rf += x.type == ActionType::kRecvF;
+      rb += x.type == ActionType::kRecvB;
+    }
+    all_sends += sf + sb;
+    std::printf(
+        "  pipeline rank %zu: sends %lld activations + %lld gradients (%.3f MiB), "
+        "receives %lld + %lld (%.3f MiB)\n",
+        r, static_cast<long long>(sf), static_cast<long long>(sb),
+        static_cast<double>(sf + sb) * act / kMib, static_cast<long long>(rf),
+        static_cast<long long>(rb), static_cast<double>(rf + rb) * act / kMib);
+  }
+  std::printf(
+      "  all pipeline ranks, both directions: %lld transfers, %.3f MiB per step (one "
+      "pipeline; each data-parallel and tp rank runs its own)\n",
+      static_cast<long long>(all_sends), static_cast<double>(all_sends) * act / kMib);
+}
+
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
 // the training state of each stage. The stage split, schedule and check are --dump-schedule's
 // (app/pipeline_dump.h). Activations and step time are not modelled per stage yet.
@@ -457,37 +493,7 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
       static_cast<long long>(c.backward), static_cast<long long>(c.backward_input),
       static_cast<long long>(c.backward_weight));
 
-  // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
-  // dtype. Under TP each tp rank sends its own copy (no sequence sharding across stages yet).
-  const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
-  const double act = static_cast<double>(par.pipeline_parallel_microbatch_size *
-                                         cfg.training.seq_len * info.dim * dtype_bytes);
-  constexpr double kMib = 1024.0 * 1024.0;
-  std::printf("p2p per step: activation (%lld, %lld, %lld) %s = %.3f MiB per transfer\n",
-              static_cast<long long>(par.pipeline_parallel_microbatch_size),
-              static_cast<long long>(cfg.training.seq_len), static_cast<long long>(info.dim),
-              dtype_bytes == 2 ? "bfloat16" : "float32", act / kMib);
-  int64_t all_sends = 0;
-  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
-    int64_t sf = 0, sb = 0, rf = 0, rb = 0;
-    for (const Action& x : plan.schedule.ranks[r]) {
-      sf += x.type == ActionType::kSendF;
-      sb += x.type == ActionType::kSendB;
-      rf += x.type == ActionType::kRecvF;
-      rb += x.type == ActionType::kRecvB;
-    }
-    all_sends += sf + sb;
-    std::printf(
-        "  pipeline rank %zu: sends %lld activations + %lld gradients (%.3f MiB), "
-        "receives %lld + %lld (%.3f MiB)\n",
-        r, static_cast<long long>(sf), static_cast<long long>(sb),
-        static_cast<double>(sf + sb) * act / kMib, static_cast<long long>(rf),
-        static_cast<long long>(rb), static_cast<double>(rf + rb) * act / kMib);
-  }
-  std::printf(
-      "  all pipeline ranks, both directions: %lld transfers, %.3f MiB per step (one "
-      "pipeline; each data-parallel and tp rank runs its own)\n",
-      static_cast<long long>(all_sends), static_cast<double>(all_sends) * act / kMib);
+  print_pipeline_p2p(cfg, info, plan);
 
   // The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
   // parameter), split over dp_shard x tp as evenly as FSDP and TP allow.

@@ -31,6 +31,17 @@ const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& 
   return bufs_;
 }
 
+namespace {
+
+// Test hook (TITAN_PLANT_ERROR=host_read): a host read after the output layer, the break the
+// capture check must refuse (exit 2).
+void plant_host_read(const at::Tensor& loss) {
+  ModuleScope scope("output");
+  (void)loss.item<double>();
+}
+
+}  // namespace
+
 at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
                             const StepOptions& o, GradSync* grad_sync) {
   RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
@@ -43,10 +54,7 @@ at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
     if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
     // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
     at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
-    if (o.plant_host_read) {
-      ModuleScope scope("output");
-      (void)loss.item<double>();  // a host read: what the capture check must refuse
-    }
+    if (o.plant_host_read) plant_host_read(loss);
     at::Tensor aux = model.aux_loss();
     at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
     objective.backward();
