@@ -47,6 +47,20 @@ std::string human(int64_t n) {
   return os.str();
 }
 
+// Under pipeline parallelism a rank knows the MoE load of its own stages' layers only: the
+// others' "moe/layer<l>/..." entries (all zero counts here) are left out of its metrics.
+void drop_other_stages_metrics(std::map<std::string, double>& extra,
+                               const PipelineTraining& pipeline) {
+  const std::string prefix = "moe/layer";
+  for (auto it = extra.begin(); it != extra.end();) {
+    const std::string& k = it->first;
+    if (k.rfind(prefix, 0) == 0 && !pipeline.holds_layer(std::atoll(k.c_str() + prefix.size())))
+      it = extra.erase(it);
+    else
+      ++it;
+  }
+}
+
 }  // namespace
 
 Trainer::Trainer(const JobConfig& cfg, const LaunchEnv& launch)
@@ -126,9 +140,13 @@ void Trainer::setup_distributed() {
     pg_ = std::make_unique<ProcessGroup>(launch_, cfg_.comm, cuda_);
     pg_->check_same_config(config_hash(cfg_));
     tp_ = cfg_.parallelism.tensor_parallel_degree;
-    mesh_ = build_mesh(*pg_, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
-                       cfg_.parallelism.expert_parallel_degree, tp_);
-    dp_rank_ = mesh_->dp_rank();
+    pp_ = cfg_.parallelism.pipeline_parallel_degree;
+    // A pipeline spans the world (validate_for_world): one data-parallel rank, no mesh.
+    if (pp_ == 1) {
+      mesh_ = build_mesh(*pg_, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
+                         cfg_.parallelism.expert_parallel_degree, tp_);
+      dp_rank_ = mesh_->dp_rank();
+    }
   }
   // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
   // otherwise the replicas hold it whole and all-reduce gradients (DDP). TITAN_FORCE_FSDP=1
@@ -194,7 +212,7 @@ void Trainer::setup_model() {
   // Sharded runs leave the parameters unallocated until FSDP has cut them, then initialize
   // (or read from the Hugging Face folder) only their own rows: no rank ever holds the whole
   // model.
-  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ || tp_ > 1);
+  model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ || tp_ > 1 || pp_ > 1);
   if (cfg_.model.name == "llama3" && cfg_.model.flavor.rfind("hf:", 0) == 0) {
     const Llama3Args a = llama3_flavor(cfg_.model.flavor);
     const std::string match = llama3_matching_flavor(a);
@@ -350,6 +368,14 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
 }
 
 void Trainer::parallelize() {
+  if (pp_ > 1) {
+    // Only this rank's stages are allocated and drawn; the MoE load counts of a layer live
+    // on its one stage, so nothing is summed across ranks.
+    pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pg_,
+                                                   bf16_ ? at::kBFloat16 : at::kFloat, device_,
+                                                   static_cast<uint64_t>(cfg_.debug.seed));
+    return;
+  }
   apply_tp();
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
@@ -417,8 +443,14 @@ void Trainer::parallelize() {
 void Trainer::setup_optimizer() {
   std::vector<bool> decay;
   const bool decay_all = cfg_.optimizer.weight_decay_scope == "all";  // torchtitan's rule
-  for (auto& p : model_->params().all()) decay.push_back(decay_all || p.weight_decay);
-  opt_ = std::make_unique<AdamW>(model_->params().tensors(), decay, cfg_.optimizer);
+  std::vector<at::Tensor> params;
+  const auto& all = model_->params().all();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].value.is_meta()) continue;  // another pipeline stage's
+    params.push_back(all[i].value);
+    decay.push_back(decay_all || all[i].weight_decay);
+  }
+  opt_ = std::make_unique<AdamW>(params, decay, cfg_.optimizer);
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
   profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, launch_.rank,
@@ -473,6 +505,7 @@ void Trainer::log_plan() const {
   if (tp_ > 1)
     layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
              describe_tp(*model_, tp_);
+  if (pipeline_) layout = pipeline_->describe();
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
@@ -633,8 +666,9 @@ int Trainer::train_loop() {
     o.timer = phase_timer_.get();
     o.ep = ep_control_.get();
     ProcessGroup::count_comm_waits(true);
-    StepResult r =
-        compiled_ ? compiled_->step(micro, o) : train_step(*model_, *opt_, micro, o, grad_sync_);
+    StepResult r = compiled_   ? compiled_->step(micro, o)
+                   : pipeline_ ? pipeline_->step(*opt_, micro, o)
+                               : train_step(*model_, *opt_, micro, o, grad_sync_);
     ProcessGroup::count_comm_waits(false);
     if (compiled_) {
       const std::string report = compiled_->take_report();
@@ -724,7 +758,8 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   m.grad_norm = r.grad_norm.item<double>();
   m.lr = lr;
   const double secs = std::chrono::duration<double>(Clock::now() - t_last_log_).count();
-  m.tps = static_cast<double>(tokens_since_log_) / secs;
+  // Per rank: the pipeline's ranks share each token's work (torchtitan divides likewise).
+  m.tps = static_cast<double>(tokens_since_log_) / secs / static_cast<double>(pp_);
   m.tflops =
       m.tps * static_cast<double>(model_->info().flops_per_token(cfg_.training.seq_len)) / 1e12;
   // The peak of the math the GEMMs run in: bf16 compute, else fp32 (TF32 if cuBLAS may use it).
@@ -764,6 +799,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     if (!cuda_) m.compile_checked_steps = compiled_->checked_steps();
   }
   m.extra = model_->extra_metrics();
+  if (pipeline_) drop_other_stages_metrics(m.extra, *pipeline_);
   if (ep_control_) m.extra.merge(ep_control_->take_metrics());
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {

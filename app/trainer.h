@@ -11,6 +11,7 @@
 #include "app/checkpointer.h"
 #include "app/compiled_step.h"
 #include "app/data_setup.h"
+#include "app/pipeline_step.h"
 #include "app/preemption.h"
 #include "app/train_step.h"
 #include "core/config/config.h"
@@ -100,6 +101,8 @@ class Trainer {
   int64_t last_finite_step_ = 0;  // the last step whose loss log_step read finite
   bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
   std::unique_ptr<Model> model_;
+  int64_t pp_ = 1;  // parallelism.pipeline_parallel_degree (the whole world when > 1)
+  std::unique_ptr<PipelineTraining> pipeline_;  // this rank's stages, their schedule
   std::unique_ptr<FullyShardedDataParallel> sharded_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<TensorParallelGradSync> tp_sync_;

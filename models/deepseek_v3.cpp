@@ -259,18 +259,18 @@ void DeepSeekV3::declare_tp_plan() {
   set_tp_plan(std::move(plan));
 }
 
-Model::Head DeepSeekV3::forward_head(const at::Tensor& tokens) {
+at::Tensor DeepSeekV3::forward_embed(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
-  begin_forward();
-  at::Tensor h = embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
-  h = run_blocks(h);
+  return embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
+}
+
+Model::Head DeepSeekV3::forward_final(const at::Tensor& h) {
   // torchtitan builds the final norm without an eps: RMSNorm then uses the machine epsilon
   // of the input's dtype (fp32 1.19e-7, bf16 7.8e-3).
   const double eps = h.scalar_type() == at::kBFloat16
                          ? 0.0078125
                          : static_cast<double>(std::numeric_limits<float>::epsilon());
-  h = rms_norm(h, weight(norm_), eps);
-  return {h, weight(output_)};
+  return {rms_norm(h, weight(norm_), eps), weight(output_)};
 }
 
 }  // namespace titan

@@ -54,7 +54,8 @@ class DeepSeekV3 : public MoETransformer {
   const DeepSeekV3Args& args() const { return args_; }
 
  protected:
-  Head forward_head(const at::Tensor& tokens) override;
+  at::Tensor forward_embed(const at::Tensor& tokens) override;
+  Head forward_final(const at::Tensor& h) override;
 
  private:
   struct LayerIdx {

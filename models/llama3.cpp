@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "core/base/errors.h"
 #include "core/train/capture_check.h"
@@ -162,13 +163,16 @@ void Llama3::declare_tp_plan(const Llama3Args& a, int64_t ffn) {
   set_tp_plan(std::move(plan));
 }
 
-Model::Head Llama3::forward_head(const at::Tensor& tokens) {
+at::Tensor Llama3::forward_embed(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
   at::Tensor emb = weight(tok_emb_);
-  at::Tensor h = embed(emb, tokens);  // (B, T, D), or this rank's (B, T/tp, D)
-  h = run_blocks(h);
-  h = rms_norm(h, weight(norm_), args_.norm_eps);
-  return {h, output_ >= 0 ? weight(output_) : emb};
+  if (output_ < 0) tied_emb_ = emb;  // the output weight too: materialized once per forward
+  return embed(emb, tokens);         // (B, T, D), or this rank's (B, T/tp, D)
+}
+
+Model::Head Llama3::forward_final(const at::Tensor& h) {
+  at::Tensor out = output_ >= 0 ? weight(output_) : std::exchange(tied_emb_, at::Tensor());
+  return {rms_norm(h, weight(norm_), args_.norm_eps), out};
 }
 
 }  // namespace titan

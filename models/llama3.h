@@ -64,7 +64,8 @@ class Llama3 : public Model {
   const Llama3Args& args() const { return args_; }
 
  protected:
-  Head forward_head(const at::Tensor& tokens) override;
+  at::Tensor forward_embed(const at::Tensor& tokens) override;
+  Head forward_final(const at::Tensor& h) override;
 
  private:
   at::Tensor block(const at::Tensor& x, const std::vector<at::Tensor>& w) const;
@@ -74,6 +75,7 @@ class Llama3 : public Model {
   ModelInfo info_;
   RopeTables rope_;
   int64_t tok_emb_ = -1, norm_ = -1, output_ = -1;
+  at::Tensor tied_emb_;  // tied output: the embedding's compute form, from embed to head
   // per block: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
   std::vector<std::vector<int64_t>> layers_;
 };

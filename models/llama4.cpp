@@ -154,13 +154,13 @@ void Llama4::declare_tp_plan(int64_t ffn) {
   set_tp_plan(std::move(plan));
 }
 
-Model::Head Llama4::forward_head(const at::Tensor& tokens) {
+at::Tensor Llama4::forward_embed(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.size(1) <= args_.max_seq_len, "sequence longer than max_seq_len");
-  begin_forward();
-  at::Tensor h = embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
-  h = run_blocks(h);
-  h = rms_norm(h, weight(norm_), args_.norm_eps);
-  return {h, weight(output_)};
+  return embed(weight(tok_emb_), tokens);  // (B, T, D), or this rank's (B, T/tp, D)
+}
+
+Model::Head Llama4::forward_final(const at::Tensor& h) {
+  return {rms_norm(h, weight(norm_), args_.norm_eps), weight(output_)};
 }
 
 }  // namespace titan

@@ -34,7 +34,8 @@ class Llama4 : public MoETransformer {
   const Llama4Args& args() const { return args_; }
 
  protected:
-  Head forward_head(const at::Tensor& tokens) override;
+  at::Tensor forward_embed(const at::Tensor& tokens) override;
+  Head forward_final(const at::Tensor& h) override;
 
  private:
   at::Tensor block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w);

@@ -41,8 +41,9 @@ class MoETransformer : public Model {
 
  protected:
   void reset_state() override;
-  // Call first in forward(): a forward with grad mode on is a training forward.
-  void begin_forward() { training_ = at::GradMode::is_enabled(); }
+  // Every forward (whole or a pipeline stage's) starts here: one with grad mode on is a
+  // training forward.
+  void begin_forward() override { training_ = at::GradMode::is_enabled(); }
   MoELayer::Mode moe_mode(int64_t l) const { return {training_, training_ && recompute_block(l)}; }
   // torchtitan's count: every non-embedding parameter, with routed experts scaled by K / E.
   int64_t active_non_embedding_params() const;

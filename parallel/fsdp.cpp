@@ -465,7 +465,8 @@ at::Tensor FullyShardedDataParallel::full_param(int64_t i) {
 int64_t local_state_bytes(const Model& model, AdamW& opt) {
   int64_t b = 0;
   auto bytes = [](const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); };
-  for (auto& p : model.params().all()) b += bytes(p.value);
+  for (auto& p : model.params().all())
+    if (!p.value.is_meta()) b += bytes(p.value);  // another pipeline stage's: not here
   for (auto& t : opt.exp_avg()) b += bytes(t);
   for (auto& t : opt.exp_avg_sq()) b += bytes(t);
   return b;

@@ -436,7 +436,8 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   d.dp_shard = p.data_parallel_shard_degree == -1
                    ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree *
-                                                           p.tensor_parallel_degree)
+                                                           p.tensor_parallel_degree *
+                                                           p.pipeline_parallel_degree)
                    : p.data_parallel_shard_degree;
   d.dp_degree = p.data_parallel_replicate_degree * d.dp_shard;
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
@@ -581,15 +582,45 @@ void validate_config(const JobConfig& cfg) {
         "checkpoint.enable = true (the seed is written to the checkpoint folder)");
 }
 
+// Pipeline training runs alone for now: the pipeline spans the world, and the features
+// not yet carried through the stages are refused by name (docs/distributed.md).
+static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size) {
+  const auto& p = cfg.parallelism;
+  const int64_t pp = p.pipeline_parallel_degree;
+  if (pp <= 1) return;
+  const std::string head = "parallelism.pipeline_parallel_degree = " + std::to_string(pp);
+  if (world_size != pp)
+    throw UserError(head + " on a world of " + std::to_string(world_size) +
+                    " ranks: pipeline parallelism combined with data, tensor or expert "
+                    "parallelism is not implemented yet; allowed: a pipeline over the whole "
+                    "world (pipeline_parallel_degree = " + std::to_string(world_size) + ")");
+  struct Refused {
+    bool on;
+    const char* key;
+  };
+  const Refused refused[] = {
+      {p.tensor_parallel_degree > 1, "parallelism.tensor_parallel_degree > 1"},
+      {p.expert_parallel_degree > 1, "parallelism.expert_parallel_degree > 1"},
+      {p.data_parallel_replicate_degree > 1, "parallelism.data_parallel_replicate_degree > 1"},
+      {p.data_parallel_shard_degree > 1, "parallelism.data_parallel_shard_degree > 1"},
+      {cfg.compile.enable, "compile.enable = true"},
+      {cfg.checkpoint.enable, "checkpoint.enable = true"},
+      {!cfg.checkpoint.initial_load_path.empty(), "checkpoint.initial_load_path"},
+      {cfg.validation.enable, "validation.enable = true"},
+      {!cfg.model.converters.empty(), "model.converters (float8)"},
+  };
+  for (const Refused& r : refused)
+    if (r.on)
+      throw UserError(head + " with " + r.key +
+                      ": not implemented together with pipeline parallelism yet (issue 29); "
+                      "allowed: pipeline parallelism alone, or parallelism.pipeline_parallel_degree = 1");
+}
+
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   validate_config(cfg);
   const auto& p = cfg.parallelism;
   const std::string world = std::to_string(world_size);
-  if (p.pipeline_parallel_degree > 1)
-    throw UserError(
-        "parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
-        ": pipeline training is not implemented yet (issue 29); allowed: 1. Add --dump-schedule "
-        "to print the stage split and the schedule this config would run, without training");
+  validate_pipeline_for_world(cfg, world_size);
   if (p.data_parallel_shard_degree == -1 &&
       world_size % (p.data_parallel_replicate_degree * p.tensor_parallel_degree) != 0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
@@ -603,7 +634,7 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
                     "; allowed: a single process (as torchtitan, the seed is written unsharded)");
   DerivedConfig d = derive_config(cfg, world_size);
   const int64_t tp = p.tensor_parallel_degree;
-  if (d.dp_degree * tp != world_size)
+  if (d.dp_degree * tp * p.pipeline_parallel_degree != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
                     ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +

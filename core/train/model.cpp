@@ -101,10 +101,18 @@ void ParamStore::initialize(uint64_t seed) {
 }
 
 void ParamStore::materialize() {
+  std::vector<int64_t> all(params_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  materialize(all);
+}
+
+void ParamStore::materialize(const std::vector<int64_t>& indices) {
   at::NoGradGuard ng;
-  for (Param& p : params_)
+  for (int64_t i : indices) {
+    Param& p = params_[static_cast<size_t>(i)];
     if (p.value.is_meta())
       p.value = at::zeros(p.value.sizes(), p.value.options().device(p.device)).requires_grad_(true);
+  }
 }
 
 int64_t ParamStore::index_of(const std::string& name) const {
@@ -181,8 +189,28 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
   return at::linear(o.h, o.w);  // (B, T, V)
 }
 
+Model::Head Model::forward_head(const at::Tensor& tokens) {
+  begin_forward();
+  return forward_final(run_blocks(forward_embed(tokens)));
+}
+
+at::Tensor Model::forward_stage(const at::Tensor& input, bool embed, int64_t first_block,
+                                int64_t end_block) {
+  TORCH_CHECK(0 <= first_block && first_block <= end_block && end_block <= num_blocks(),
+              "forward_stage: blocks [", first_block, ", ", end_block, ") of ", num_blocks());
+  begin_forward();
+  return run_blocks(embed ? forward_embed(input) : input, first_block, end_block);
+}
+
+at::Tensor Model::head_loss_sum(const at::Tensor& h, const at::Tensor& labels) {
+  return loss_sum_of(forward_final(h), labels);
+}
+
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
-  Head o = forward_head(tokens);
+  return loss_sum_of(forward_head(tokens), labels);
+}
+
+at::Tensor Model::loss_sum_of(const Head& o, const at::Tensor& labels) {
   ModuleScope scope("output");
   if (tp_) {
     // The whole sequence against this rank's vocabulary rows; the loss combines the ranks'
@@ -235,8 +263,8 @@ void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
   });
 }
 
-at::Tensor Model::run_blocks(at::Tensor h) const {
-  for (size_t l = 0; l < block_fns_.size(); ++l) {
+at::Tensor Model::run_blocks(at::Tensor h, int64_t first, int64_t end) const {
+  for (size_t l = static_cast<size_t>(first); l < static_cast<size_t>(end); ++l) {
     std::vector<at::Tensor> w;
     for (int64_t i : block_params_[l]) w.push_back(weight(i));
     const int64_t li = static_cast<int64_t>(l);

@@ -107,6 +107,8 @@ class ParamStore {
   void initialize(uint64_t seed);
   // Allocates every still-deferred (meta) parameter, zero-filled, on its device.
   void materialize();
+  // Only parameters `indices` (a pipeline rank's stages); the others stay meta.
+  void materialize(const std::vector<int64_t>& indices);
   int64_t numel() const;
   std::vector<at::Tensor> tensors() const;
 
@@ -161,6 +163,16 @@ class Model {
   // the (B, T, vocab) logits never exist; the same numbers as
   // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding.
   at::Tensor token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels);
+  // Pipeline stages (parallel/pipeline_runner.h): the same forward cut at block boundaries.
+  // With `embed`, `input` is the tokens (B, T) and the embeddings run first; otherwise it is
+  // the previous stage's hidden state (B, T, D) in the compute dtype. Then blocks
+  // [first_block, end_block) run, as forward would run them; returns their hidden state.
+  at::Tensor forward_stage(const at::Tensor& input, bool embed, int64_t first_block,
+                           int64_t end_block);
+  // The last stage's end: the final norm of the hidden state h, then the summed token loss
+  // exactly as token_loss_sum computes it from there.
+  at::Tensor head_loss_sum(const at::Tensor& h, const at::Tensor& labels);
+  int64_t num_blocks() const { return static_cast<int64_t>(block_fns_.size()); }
   // false: token_loss_sum materializes the logits (the reference path, for tests/benchmarks).
   void set_fused_loss(bool on) { fused_loss_ = on; }
   bool fused_loss() const { return fused_loss_; }
@@ -250,7 +262,15 @@ class Model {
   struct Head {
     at::Tensor h, w;
   };
-  virtual Head forward_head(const at::Tensor& tokens) = 0;
+  // The forward in the three parts every family has: the embeddings (B, T) -> (B, T, D),
+  // the blocks (run_blocks), then the final norm with the output weight (forward_final).
+  // begin_forward runs first in every forward, whole or a pipeline stage's.
+  virtual void begin_forward() {}
+  virtual at::Tensor forward_embed(const at::Tensor& tokens) = 0;
+  virtual Head forward_final(const at::Tensor& h) = 0;
+  Head forward_head(const at::Tensor& tokens);
+  // The output projection and the summed token loss of forward_final's result.
+  at::Tensor loss_sum_of(const Head& o, const at::Tensor& labels);
   // Zeroes the training-state buffers (MoE expert biases and counts).
   virtual void reset_state() {}
   at::Tensor weight(int64_t i) const;
@@ -267,7 +287,8 @@ class Model {
   // Runs the blocks in order on h, the same way for every family: each block's weights are
   // materialized with weight(), the block is recomputed in backward when the activation
   // checkpointing policy says so, and block_done() sees its output.
-  at::Tensor run_blocks(at::Tensor h) const;
+  at::Tensor run_blocks(at::Tensor h) const { return run_blocks(std::move(h), 0, num_blocks()); }
+  at::Tensor run_blocks(at::Tensor h, int64_t first, int64_t end) const;
   // The ModelInfo fields every family fills the same way (the parameter counts come from
   // the store); the family adds n_active_non_embedding and attn_flops_dims.
   ModelInfo base_info(const std::string& name, int64_t vocab_size, int64_t max_seq_len, int64_t dim,

@@ -1,0 +1,56 @@
+// Training under pipeline parallelism (docs/distributed.md, "Pipeline parallel"): this
+// rank's stages of the model, the schedule that runs them (parallel/pipeline_runner.h) and
+// the optimizer step over their parameters, with the gradient norm taken over every stage.
+//
+// The step is train_step's with the forward and backward replaced by the schedule: each of
+// the loader's micro-batches (gradient accumulation) is cut into the schedule's micro-batches
+// of parallelism.pipeline_parallel_microbatch_size sequences and run through the pipeline;
+// the loss, the auxiliary loss and the gradients are those of one process on the same
+// global batch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/pipeline_dump.h"
+#include "app/train_step.h"
+#include "core/config/config.h"
+#include "core/train/model.h"
+#include "core/train/optimizer.h"
+#include "parallel/pipeline_runner.h"
+#include "parallel/process_group.h"
+
+namespace titan {
+
+class PipelineTraining {
+ public:
+  // `model` was built with its parameters deferred (meta): this allocates and initializes
+  // from `seed` only those of this rank's stages. `pp` is the pipeline group.
+  PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp, at::ScalarType dtype,
+                   at::Device device, uint64_t seed);
+
+  // Store indices of this rank's parameters, ascending (what the optimizer steps).
+  const std::vector<int64_t>& params() const { return params_; }
+  // One optimizer step. StepResult::loss is this rank's share of the global mean (zero on the
+  // ranks without the last stage, so a sum over the ranks is the loss); grad_norm is the
+  // global norm over every stage's gradients, on every rank.
+  StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o);
+  // "pipeline parallel 2 (1F1B, 2 stages, 4 micro-batches of 1): this rank holds stage 0:
+  // tok_embeddings, layers.0-2"
+  std::string describe() const;
+  // Whether transformer layer l is in one of this rank's stages.
+  bool holds_layer(int64_t l) const;
+
+ private:
+  const JobConfig& cfg_;
+  Model& model_;
+  ProcessGroup& pp_;
+  PipelinePlan plan_;
+  std::unique_ptr<PipelineRunner> runner_;
+  std::vector<int64_t> params_;
+};
+
+}  // namespace titan

@@ -1,0 +1,81 @@
+// Runs a pipeline rank's schedule (docs/distributed.md, "Pipeline parallel"): the rank's list
+// of actions (parallel/pipeline_schedule.h), in order, over the model's stages this rank
+// holds (parallel/pipeline_stages.h), with its transfers batched per tick over the pipeline
+// group (parallel/pipeline_p2p.h).
+//
+// The model is one Model whose parameters outside this rank's stages were never allocated;
+// a stage's forward is Model::forward_stage over its blocks, the last stage's adds
+// Model::head_loss_sum. A stage's input that arrives from another stage is a leaf that
+// requires grad, so its backward yields the gradient the schedule sends back.
+//
+// Split backwards (the zero-bubble schedules' I and W): I runs the stage's whole backward,
+// input and weight gradients together, and W has nothing left to do. The order is the
+// schedule's and the numbers are exact; the weight-gradient deferral that shortens the
+// bubble on a GPU is not realized yet (docs/distributed.md says so).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/data/loader.h"
+#include "core/train/model.h"
+#include "parallel/pipeline_p2p.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+#include "parallel/process_group.h"
+
+namespace titan {
+
+class PipelineRunner {
+ public:
+  // `pp` is the pipeline group (its rank r holds plan.stages_of_rank(r)); `schedule` is the
+  // compute-only or lowered schedule for plan's stages (lowered here when it has no
+  // transfers, and checked); `activation` is one micro-batch's hidden state
+  // (micro-batch size, seq, dim), `dtype` the model's compute dtype.
+  PipelineRunner(Model& model, ProcessGroup& pp, PipelineStagePlan plan,
+                 const PipelineSchedule& schedule, std::vector<int64_t> activation,
+                 at::ScalarType dtype, at::Device device);
+
+  // The forward and backward of the schedule's micro-batches, `micro` (its size the
+  // schedule's micro-batch count), through this rank's stages in its schedule's order. The
+  // gradients accumulate into the parameters of this rank's stages; the objective of a
+  // micro-batch is its summed token loss / `global_tokens` plus each MoE layer's
+  // auxiliary loss / `aux_div`, as train_step's. Returns this rank's loss share (0-d): the
+  // token-loss part of the micro-batches whose last stage is here, zero on other ranks.
+  at::Tensor run(const std::vector<MicroBatch>& micro, double global_tokens, double aux_div);
+
+  const PipelineStagePlan& plan() const { return plan_; }
+  const PipelineSchedule& schedule() const { return schedule_; }
+  int64_t rank() const { return rank_; }
+  const std::vector<int64_t>& stages() const { return stages_; }  // this rank's, in order
+  // Store indices of the parameters of this rank's stages (the model's ParamUnits
+  // [first_unit, end_unit) of each), ascending.
+  std::vector<int64_t> stage_params() const;
+
+ private:
+  using Key = std::pair<int64_t, int64_t>;  // stage, micro-batch
+  void forward(const Action& a, const std::vector<MicroBatch>& micro, double global_tokens,
+               double aux_div);
+  void backward(const Action& a);
+  void transfer(const std::vector<Action>& batch);
+  void reset();
+
+  Model& model_;
+  PipelineStagePlan plan_;
+  PipelineSchedule schedule_;  // with its transfers
+  int64_t rank_ = 0;
+  std::vector<int64_t> stages_;
+  std::unique_ptr<PipelineP2P> p2p_;
+  // One step's state per (stage, micro-batch).
+  std::map<Key, at::Tensor> input_;      // a stage's input leaf (not the first stage's)
+  std::map<Key, at::Tensor> output_;     // a stage's output, until its backward
+  std::map<Key, at::Tensor> objective_;  // the last stage's objective / another's aux term
+  std::map<Key, at::Tensor> grad_out_;   // the gradient received for a stage's output
+  at::Tensor loss_;
+};
+
+}  // namespace titan
