@@ -73,8 +73,25 @@ std::vector<at::Tensor> PipelineP2P::exchange(
     ops.push_back({false, peer_of(a), b, tag_of(a)});
     out.push_back(b);
   }
-  pg_.send_recv(ops);
+  std::vector<CommWork> works = pg_.send_recv_start(ops);
+  if (works.size() != ops.size()) {  // NCCL: one coalesced group, waited for as a whole
+    for (CommWork& w : works) w.wait();
+    return out;
+  }
+  // gloo: a send completes only once its peer receives it, and the schedule's check assumes
+  // sends do not wait; the receives are waited for now, the sends at finish_sends.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].send)
+      pending_.emplace_back(std::move(works[i]), ops[i].tensor);
+    else
+      works[i].wait();
+  }
   return out;
+}
+
+void PipelineP2P::finish_sends() {
+  for (auto& [work, tensor] : pending_) work.wait();
+  pending_.clear();
 }
 
 std::vector<std::vector<Action>> PipelineP2P::transfer_batches(const std::vector<Action>& actions) {

@@ -30,10 +30,13 @@ class PipelineP2P {
 
   // One tick: posts the sends (SEND_F and SEND_B actions with their tensors, of the fixed
   // shape and dtype) and the receives (RECV_F and RECV_B actions) together, then waits for
-  // all. Returns the receive buffers in `recvs`' order; each is this rank's buffer for its
+  // the receives. Returns the receive buffers in `recvs`' order; each is this rank's buffer for its
   // action, overwritten by that action's receive in the next step.
+  // On gloo the sends are not waited for here (a gloo send waits for its receive, which a
+  // later tick of the peer may post): finish_sends waits for them, at the end of the step.
   std::vector<at::Tensor> exchange(const std::vector<std::pair<Action, at::Tensor>>& sends,
                                    const std::vector<Action>& recvs);
+  void finish_sends();
 
   // The preallocated buffer of a RECV action of this rank.
   const at::Tensor& buffer(const Action& recv) const;
@@ -55,6 +58,7 @@ class PipelineP2P {
   std::vector<int64_t> shape_;
   at::ScalarType dtype_;
   std::map<Key, at::Tensor> buffers_;
+  std::vector<std::pair<CommWork, at::Tensor>> pending_;  // posted sends, their tensors alive
 };
 
 }  // namespace titan

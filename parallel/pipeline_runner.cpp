@@ -74,6 +74,7 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
       backward(a);
   }
   transfer(batch);
+  if (p2p_) p2p_->finish_sends();
   at::Tensor loss = loss_.defined() ? loss_ : at::zeros({}, micro.front().tokens.options().dtype(at::kFloat));
   reset();
   return loss;

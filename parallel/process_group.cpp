@@ -535,7 +535,12 @@ void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
 }
 
 void ProcessGroup::send_recv(const std::vector<P2POp>& ops) {
-  if (ops.empty()) return;
+  for (CommWork& w : send_recv_start(ops)) w.wait();
+}
+
+std::vector<CommWork> ProcessGroup::send_recv_start(const std::vector<P2POp>& ops) {
+  std::vector<CommWork> out;
+  if (ops.empty()) return out;
   // The capture check compares these from step to step: a pipeline step must send and receive
   // the same shapes to the same peers every time for its CUDA graphs to replay.
   std::vector<c10::IValue> scope;
@@ -552,8 +557,6 @@ void ProcessGroup::send_recv(const std::vector<P2POp>& ops) {
     TORCH_CHECK(op.tensor.is_contiguous(), "send_recv: tensors must be contiguous");
     count_comm(op.send ? "send" : "recv", op.tensor);
   }
-  WaitTimer timer(impl_->cuda);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
     const bool group = impl_->cuda;  // gloo has no coalescing, and needs none (see header)
     if (group) impl_->backend->startCoalescing();
@@ -561,14 +564,13 @@ void ProcessGroup::send_recv(const std::vector<P2POp>& ops) {
       std::vector<at::Tensor> t{op.tensor};
       const int peer = static_cast<int>(op.peer), tag = static_cast<int>(op.tag);
       auto w = op.send ? impl_->backend->send(t, peer, tag) : impl_->backend->recv(t, peer, tag);
-      if (!group) works.push_back(std::move(w));
+      if (!group) out.push_back(make_work(w, op.send ? "send" : "recv", nullptr));
     }
-    if (group) works.push_back(impl_->backend->endCoalescing());
+    if (group) out.push_back(make_work(impl_->backend->endCoalescing(), "send/recv", nullptr));
   } catch (const std::exception& e) {
     die(impl_->global_rank, "send/recv", e);
   }
-  for (auto& w : works)
-    finish_work(std::move(w), impl_->cuda, impl_->op_timeout, impl_->global_rank, "send/recv");
+  return out;
 }
 
 void ProcessGroup::store_set(const std::string& key, const std::string& value) {
