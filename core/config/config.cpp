@@ -589,11 +589,17 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   const int64_t pp = p.pipeline_parallel_degree;
   if (pp <= 1) return;
   const std::string head = "parallelism.pipeline_parallel_degree = " + std::to_string(pp);
-  if (world_size != pp)
-    throw UserError(head + " on a world of " + std::to_string(world_size) +
+  const std::string n = std::to_string(pp), world = std::to_string(world_size);
+  if (world_size < pp)
+    throw UserError(head + " needs " + n + " ranks but the world has " + world +
+                    "; allowed: exactly " + n + " ranks (torchrun --nproc_per_node " + n +
+                    "), or --dump-schedule to print the stages and the schedule without "
+                    "training");
+  if (world_size > pp)
+    throw UserError(head + " on a world of " + world +
                     " ranks: pipeline parallelism combined with data, tensor or expert "
                     "parallelism is not implemented yet; allowed: a pipeline over the whole "
-                    "world (pipeline_parallel_degree = " + std::to_string(world_size) + ")");
+                    "world (pipeline_parallel_degree = " + world + ")");
   struct Refused {
     bool on;
     const char* key;

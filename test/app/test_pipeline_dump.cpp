@@ -1,6 +1,7 @@
 // `titan-train --dump-schedule` through the binary: one process plans the pipeline a
 // config asks for (stage table, actions, grid, bubble) and exits 0 without training; bad
-// pipeline input exits 2 with one line naming the key; training under PP is refused.
+// pipeline input exits 2 with one line naming the key; training under PP on one process is
+// refused.
 // References: the stage split of torchtitan 0.2.2 (test/reference/pp_stage_split_table.py)
 // and the bubble (p-1)/(m+p-1) of 1F1B (docs/distributed.md).
 #include <catch2/catch.hpp>
@@ -149,14 +150,15 @@ TEST_CASE("dump-schedule: bad pipeline input exits 2 naming the key", "[pp][cli]
   }
 }
 
-TEST_CASE("dump-schedule: training under PP is refused, naming --dump-schedule", "[pp][cli]") {
+TEST_CASE("dump-schedule: PP training on too few ranks is refused, naming --dump-schedule",
+          "[pp][cli]") {
   test::TempDir dir("pp-train");
   auto r = dump("--training.steps 1 --job.dump_folder " + dir.path.string());
   INFO(r.out);
   CHECK(r.rc == 2);
-  CHECK_THAT(r.out, Contains("parallelism.pipeline_parallel_degree = 2") &&
-                        Contains("pipeline training is not implemented yet") &&
-                        Contains("--dump-schedule"));
+  CHECK_THAT(r.out, Contains("parallelism.pipeline_parallel_degree = 2 needs 2 ranks but the "
+                             "world has 1") &&
+                        Contains("torchrun --nproc_per_node 2") && Contains("--dump-schedule"));
   CHECK(lines(r.out) == 1);
   // PP 1 (the default) still plans: one stage with every module, no bubble.
   auto one = test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
