@@ -120,9 +120,11 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   // along dim 1 or 2 gathered over the tp ranks (a collective of the writing ranks) and
   // written by tp rank 0, like the replicated parameters.
   TensorParallelComm* tp = st.model->tensor_parallel();
+  const bool staged = !st.opt_slot.empty();  // pipeline stages: each rank writes its own
   auto add_param_like = [&](const std::string& key, const Param& p, const at::Tensor& t,
                             at::ScalarType dtype) {
-    if ((p.sharded() || tp) ? !group_.writes : !rank0) return;
+    if (p.value.is_meta()) return;  // another pipeline stage's
+    if ((p.sharded() || tp || staged) ? !group_.writes : !rank0) return;
     at::Tensor v = p.valid(t);
     int64_t first = p.sharded() ? p.dim0_offset : 0;
     if (p.tp_dim >= 1)  // gathered along the split dim (moved last for the gather)
@@ -141,7 +143,12 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
       model_only ? hf_export_dtype(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype")
                  : at::kFloat;
   for (auto& p : params) add_param_like("model/" + p.name, p, p.value, model_dtype);
-  for (auto& [name, t] : st.model->buffers()) add_replicated("buffers/" + name, t);
+  for (auto& [name, t] : st.model->buffers()) {
+    if (!st.holds_buffer)
+      add_replicated("buffers/" + name, t);
+    else if (st.holds_buffer(name))
+      s.entries.push_back({"buffers/" + name, stage("buffers/" + name, t), t.sizes().vec(), 0});
+  }
   json ts;
   ts["format"] = 1;
   ts["step"] = st.step;
@@ -149,11 +156,19 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   ts["world_size"] = world_;
   if (!model_only) {
     for (size_t i = 0; i < params.size(); ++i) {
-      add_param_like("optimizer/exp_avg/" + params[i].name, params[i], st.optimizer->exp_avg()[i],
-                     at::kFloat);
+      const int64_t k = staged ? st.opt_slot[i] : static_cast<int64_t>(i);
+      if (k < 0) continue;  // another pipeline stage's
+      const auto slot = static_cast<size_t>(k);
+      add_param_like("optimizer/exp_avg/" + params[i].name, params[i],
+                     st.optimizer->exp_avg()[slot], at::kFloat);
       add_param_like("optimizer/exp_avg_sq/" + params[i].name, params[i],
-                     st.optimizer->exp_avg_sq()[i], at::kFloat);
-      add_replicated("optimizer/step/" + params[i].name, st.optimizer->steps()[i]);
+                     st.optimizer->exp_avg_sq()[slot], at::kFloat);
+      const std::string key = "optimizer/step/" + params[i].name;
+      at::Tensor step = st.optimizer->steps()[slot];
+      if (!staged)
+        add_replicated(key, step);
+      else
+        s.entries.push_back({key, stage(key, step), step.sizes().vec(), 0});
     }
     add_replicated("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
     ts["lr_step_offset"] = st.lr_step_offset;
@@ -163,7 +178,12 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   s.train_state_json = ts.dump(1);
   if (staged_on_device_) {
     // The non-blocking copies were queued on the current stream of the parameters' device.
-    const at::Device dev = params.front().value.device();
+    at::Device dev = params.front().value.device();
+    for (auto& p : params)  // a pipeline rank's first parameter may be another stage's (meta)
+      if (!p.value.is_meta()) {
+        dev = p.value.device();
+        break;
+      }
     c10::Event done(dev.type());
     done.record(c10::impl::VirtualGuardImpl(dev.type()).getStream(dev));
     auto ev = std::make_shared<c10::Event>(std::move(done));
@@ -221,7 +241,8 @@ void Checkpointer::restore_model(CheckpointReader& r, TrainingState& st) {
         throw UserError("checkpoint '" + r.dir() + "': holds " + k + " of shape " +
                         shape_str(shape) +
                         ", which this model does not have (a different model config?)");
-    for (auto& p : params) restore_param(r, "model/" + p.name, p, p.value, true);
+    for (auto& p : params)
+      if (!p.value.is_meta()) restore_param(r, "model/" + p.name, p, p.value, true);
   }
   for (auto& [name, t] : st.model->buffers())
     r.restore_rows("buffers/" + name, t.sizes().vec(), 0, -1, t, false);
@@ -232,9 +253,12 @@ void Checkpointer::restore_optimizer(CheckpointReader& r, TrainingState& st) {
   auto& params = st.model->params().all();
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
-    restore_param(r, "optimizer/exp_avg/" + p.name, p, st.optimizer->exp_avg()[i], true);
-    restore_param(r, "optimizer/exp_avg_sq/" + p.name, p, st.optimizer->exp_avg_sq()[i], true);
-    at::Tensor step = st.optimizer->steps()[i];
+    const int64_t k = st.opt_slot.empty() ? static_cast<int64_t>(i) : st.opt_slot[i];
+    if (k < 0) continue;  // another pipeline stage's
+    const auto slot = static_cast<size_t>(k);
+    restore_param(r, "optimizer/exp_avg/" + p.name, p, st.optimizer->exp_avg()[slot], true);
+    restore_param(r, "optimizer/exp_avg_sq/" + p.name, p, st.optimizer->exp_avg_sq()[slot], true);
+    at::Tensor step = st.optimizer->steps()[slot];
     r.restore_rows("optimizer/step/" + p.name, step.sizes().vec(), 0, -1, step, true);
   }
 }

@@ -27,6 +27,12 @@ struct TrainingState {
   std::function<void(const nlohmann::json&)> load_data_state;
   int64_t step = 0;            // optimizer steps completed
   int64_t lr_step_offset = 0;  // lr = schedule(step - offset); set when lr_scheduler is excluded
+  // Pipeline parallelism: each rank holds some stages' parameters (the others are meta) and
+  // the optimizer only theirs. opt_slot[i] is model parameter i's slot in the optimizer, -1
+  // when another rank holds it; empty: every parameter, in order. A rank writes and reads the
+  // parameters, moments and step counts it holds, and the buffers `holds_buffer` names.
+  std::vector<int64_t> opt_slot;
+  std::function<bool(const std::string&)> holds_buffer;
 };
 
 class Checkpointer {

@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 
+#include <cstdlib>
 #include <sstream>
 
 namespace titan {
@@ -26,6 +27,12 @@ bool PipelineTraining::holds_layer(int64_t l) const {
     if (l >= spec.first_layer && l < spec.end_layer) return true;
   }
   return false;
+}
+
+bool PipelineTraining::holds_buffer(const std::string& name) const {
+  const std::string prefix = "layers.";
+  if (name.rfind(prefix, 0) == 0) return holds_layer(std::atoll(name.c_str() + prefix.size()));
+  return runner_->rank() == 0;
 }
 
 std::string PipelineTraining::describe() const {

@@ -43,6 +43,9 @@ class PipelineTraining {
   std::string describe() const;
   // Whether transformer layer l is in one of this rank's stages.
   bool holds_layer(int64_t l) const;
+  // Whether a model buffer ("layers.<l>.moe.expert_bias") belongs to this rank's stages: those
+  // of layer l do when it holds layer l; any other to the first stage's rank.
+  bool holds_buffer(const std::string& name) const;
 
  private:
   const JobConfig& cfg_;

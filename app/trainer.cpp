@@ -571,6 +571,10 @@ void Trainer::resume() {
   cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0) ||
               (tp_ > 1 && !sharded_ && dp_rank_ == 0);
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
+  if (pipeline_) {  // every stage writes what it holds
+    cg.writes = true;
+    cg.writers = pp_;
+  }
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
     cg.token = pg_->store_get("checkpoint/token");
@@ -582,6 +586,15 @@ void Trainer::resume() {
   ckpt_ = std::make_unique<Checkpointer>(cfg_, cg, launch_.world_size);
   state_.model = model_.get();
   state_.optimizer = opt_.get();
+  if (pipeline_) {
+    state_.opt_slot.assign(static_cast<size_t>(model_->params().size()), -1);
+    const std::vector<int64_t>& mine = pipeline_->params();  // ascending, the optimizer's order
+    for (size_t k = 0; k < mine.size(); ++k)
+      state_.opt_slot[static_cast<size_t>(mine[k])] = static_cast<int64_t>(k);
+    state_.holds_buffer = [p = pipeline_.get()](const std::string& name) {
+      return p->holds_buffer(name);
+    };
+  }
   // The loader's position (global samples and draws per source) is the same on every rank
   // and independent of the world size, so a resume on another layout continues it.
   state_.data_state = [this] { return loader_->state().to_json(); };

@@ -610,8 +610,9 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
       {p.data_parallel_replicate_degree > 1, "parallelism.data_parallel_replicate_degree > 1"},
       {p.data_parallel_shard_degree > 1, "parallelism.data_parallel_shard_degree > 1"},
       {cfg.compile.enable, "compile.enable = true"},
-      {cfg.checkpoint.enable, "checkpoint.enable = true"},
-      {!cfg.checkpoint.initial_load_path.empty(), "checkpoint.initial_load_path"},
+      {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
+      {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
+      {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
       {cfg.validation.enable, "validation.enable = true"},
       {!cfg.model.converters.empty(), "model.converters (float8)"},
   };
