@@ -29,6 +29,18 @@ bool PipelineTraining::holds_layer(int64_t l) const {
   return false;
 }
 
+double PipelineTraining::scheduled_bubble() const {
+  const ScheduleTimeline& t = plan_.timeline;
+  const int64_t busy = t.busy[static_cast<size_t>(runner_->rank())];
+  return t.makespan > 0 ? 1.0 - static_cast<double>(busy) / static_cast<double>(t.makespan) : 0;
+}
+
+double PipelineTraining::take_measured_bubble() {
+  const double b = total_ms_ > 0 ? 1.0 - compute_ms_ / total_ms_ : -1;
+  compute_ms_ = total_ms_ = 0;
+  return b;
+}
+
 bool PipelineTraining::holds_buffer(const std::string& name) const {
   const std::string prefix = "layers.";
   if (name.rfind(prefix, 0) == 0) return holds_layer(std::atoll(name.c_str() + prefix.size()));
@@ -72,6 +84,8 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({big.tokens.narrow(0, k * mbs, mbs), big.labels.narrow(0, k * mbs, mbs)});
     at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
+    compute_ms_ += runner_->last_compute_ms();
+    total_ms_ += runner_->last_total_ms();
     r.loss = r.loss.defined() ? r.loss + loss : loss;
   }
   mark(PhaseTimer::kForwardBackwardDone);

@@ -41,6 +41,11 @@ class PipelineTraining {
   // "pipeline parallel 2 (1F1B, 2 stages, 4 micro-batches of 1): this rank holds stage 0:
   // tok_embeddings, layers.0-2"
   std::string describe() const;
+  // This rank's idle share of the schedule's simulated ticks (ScheduleTimeline), and the
+  // one measured on the host since the last call (1 - compute / schedule time; -1 when
+  // nothing ran). The measure means something on the CPU only (synchronous kernels).
+  double scheduled_bubble() const;
+  double take_measured_bubble();
   // Whether transformer layer l is in one of this rank's stages.
   bool holds_layer(int64_t l) const;
   // Whether a model buffer ("layers.<l>.moe.expert_bias") belongs to this rank's stages: those
@@ -54,6 +59,7 @@ class PipelineTraining {
   PipelinePlan plan_;
   std::unique_ptr<PipelineRunner> runner_;
   std::vector<int64_t> params_;
+  double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
 };
 
 }  // namespace titan

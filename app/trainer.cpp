@@ -812,7 +812,13 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     if (!cuda_) m.compile_checked_steps = compiled_->checked_steps();
   }
   m.extra = model_->extra_metrics();
-  if (pipeline_) drop_other_stages_metrics(m.extra, *pipeline_);
+  if (pipeline_) {
+    drop_other_stages_metrics(m.extra, *pipeline_);
+    // This rank's idle share: as scheduled (unit ticks), and as measured (CPU only).
+    m.extra["pp/bubble_scheduled"] = pipeline_->scheduled_bubble();
+    const double measured = pipeline_->take_measured_bubble();
+    if (!cuda_ && measured >= 0) m.extra["pp/bubble_measured"] = measured;
+  }
   if (ep_control_) m.extra.merge(ep_control_->take_metrics());
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 namespace titan {
@@ -60,6 +61,9 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
               "PipelineRunner: ", micro.size(), " micro-batches for a schedule of ",
               schedule_.num_microbatches);
   reset();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Clock::duration computing{0};
   std::vector<Action> batch;  // consecutive transfers: one tick
   for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
     if (!a.is_compute()) {
@@ -68,13 +72,17 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
     }
     transfer(batch);
     batch.clear();
+    const auto c0 = Clock::now();
     if (a.type == ActionType::kForward)
       forward(a, micro, global_tokens, aux_div);
     else if (a.type != ActionType::kBackwardWeight)  // W: done by its I (see the header)
       backward(a);
+    computing += Clock::now() - c0;
   }
   transfer(batch);
   if (p2p_) p2p_->finish_sends();
+  compute_ms_ = std::chrono::duration<double, std::milli>(computing).count();
+  total_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   at::Tensor loss = loss_.defined() ? loss_ : at::zeros({}, micro.front().tokens.options().dtype(at::kFloat));
   reset();
   return loss;

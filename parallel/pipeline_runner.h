@@ -48,6 +48,12 @@ class PipelineRunner {
   // token-loss part of the micro-batches whose last stage is here, zero on other ranks.
   at::Tensor run(const std::vector<MicroBatch>& micro, double global_tokens, double aux_div);
 
+  // Host time of the last run(): in this rank's compute actions, and in all. On the CPU
+  // (synchronous kernels) 1 - compute / total is the rank's measured bubble; on CUDA the
+  // kernels are asynchronous and these say nothing.
+  double last_compute_ms() const { return compute_ms_; }
+  double last_total_ms() const { return total_ms_; }
+
   const PipelineStagePlan& plan() const { return plan_; }
   const PipelineSchedule& schedule() const { return schedule_; }
   int64_t rank() const { return rank_; }
@@ -76,6 +82,7 @@ class PipelineRunner {
   std::map<Key, at::Tensor> objective_;  // the last stage's objective / another's aux term
   std::map<Key, at::Tensor> grad_out_;   // the gradient received for a stage's output
   at::Tensor loss_;
+  double compute_ms_ = 0, total_ms_ = 0;
 };
 
 }  // namespace titan
