@@ -50,8 +50,8 @@ bool PipelineTraining::holds_buffer(const std::string& name) const {
 std::string PipelineTraining::describe() const {
   std::ostringstream os;
   const PipelineStagePlan& sp = plan_.stages;
-  os << "pipeline parallel " << sp.pp_degree << " (" << sp.schedule.name << ", "
-     << sp.num_stages() << " stages, " << plan_.microbatches << " micro-batches of "
+  os << "pipeline parallel " << sp.pp_degree << " (" << sp.schedule.name << ", " << sp.num_stages()
+     << " stages, " << plan_.microbatches << " micro-batches of "
      << cfg_.parallelism.pipeline_parallel_microbatch_size << ", bubble "
      << plan_.timeline.bubble_fraction << "): this rank holds";
   for (int64_t s : runner_->stages()) {
@@ -74,8 +74,7 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
   const int64_t n = plan_.microbatches;
   // The auxiliary loss of a pipeline micro-batch is a mean over its sequences: the step's is
   // the mean over every sequence, as train_step's.
-  const double aux_div =
-      static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
+  const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
   StepResult r;
   for (const MicroBatch& big : micro) {
     TORCH_CHECK(big.tokens.size(0) == n * mbs, "pipeline step: a micro-batch of ",

@@ -371,9 +371,9 @@ void Trainer::parallelize() {
   if (pp_ > 1) {
     // Only this rank's stages are allocated and drawn; the MoE load counts of a layer live
     // on its one stage, so nothing is summed across ranks.
-    pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pg_,
-                                                   bf16_ ? at::kBFloat16 : at::kFloat, device_,
-                                                   static_cast<uint64_t>(cfg_.debug.seed));
+    pipeline_ =
+        std::make_unique<PipelineTraining>(cfg_, *model_, *pg_, bf16_ ? at::kBFloat16 : at::kFloat,
+                                           device_, static_cast<uint64_t>(cfg_.debug.seed));
     return;
   }
   apply_tp();
@@ -571,7 +571,8 @@ void Trainer::resume() {
   cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0) ||
               (tp_ > 1 && !sharded_ && dp_rank_ == 0);
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
-  if (pipeline_) {  // every stage writes what it holds
+  // Under pipeline parallelism every rank writes what its stages hold.
+  if (pipeline_) {
     cg.writes = true;
     cg.writers = pp_;
   }

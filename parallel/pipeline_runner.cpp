@@ -83,7 +83,8 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
   if (p2p_) p2p_->finish_sends();
   compute_ms_ = std::chrono::duration<double, std::milli>(computing).count();
   total_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  at::Tensor loss = loss_.defined() ? loss_ : at::zeros({}, micro.front().tokens.options().dtype(at::kFloat));
+  at::Tensor loss =
+      loss_.defined() ? loss_ : at::zeros({}, micro.front().tokens.options().dtype(at::kFloat));
   reset();
   return loss;
 }
@@ -163,7 +164,8 @@ void PipelineRunner::transfer(const std::vector<Action>& batch) {
   }
   std::vector<at::Tensor> got = p2p_->exchange(sends, recvs);
   for (size_t i = 0; i < recvs.size(); ++i)
-    if (recvs[i].type == ActionType::kRecvB) grad_out_[{recvs[i].stage, recvs[i].microbatch}] = got[i];
+    if (recvs[i].type == ActionType::kRecvB)
+      grad_out_[{recvs[i].stage, recvs[i].microbatch}] = got[i];
   // A stage's input gradient is sent once: drop the leaf (and its gradient) now.
   for (const Action& a : batch)
     if (a.type == ActionType::kSendB) input_.erase({a.stage, a.microbatch});

@@ -137,8 +137,9 @@ class ProcessGroup {
   };
   // Issues every op of `ops` together and waits for them all: on NCCL as one coalesced group
   // (ncclGroupStart/End), so sends and receives posted by both neighbours in any order cannot
-  // block each other; on gloo each is posted before any is waited for. Counted in comm_counts as "send" and "recv", one call and the
-  // tensor's bytes each. A one-rank group has no peer: `ops` must be empty.
+  // block each other; on gloo each is posted before any is waited for. Counted in comm_counts as
+  // "send" and "recv", one call and the tensor's bytes each. A one-rank group has no peer: `ops`
+  // must be empty.
   void send_recv(const std::vector<P2POp>& ops);
   // The same ops posted, not waited for: on gloo one CommWork per op, in `ops`' order (a
   // send's wait returns once the peer has received it: gloo sends wait for the matching

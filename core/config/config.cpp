@@ -599,7 +599,8 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     throw UserError(head + " on a world of " + world +
                     " ranks: pipeline parallelism combined with data, tensor or expert "
                     "parallelism is not implemented yet; allowed: a pipeline over the whole "
-                    "world (pipeline_parallel_degree = " + world + ")");
+                    "world (pipeline_parallel_degree = " +
+                    world + ")");
   struct Refused {
     bool on;
     const char* key;
@@ -618,9 +619,10 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   };
   for (const Refused& r : refused)
     if (r.on)
-      throw UserError(head + " with " + r.key +
-                      ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone, or parallelism.pipeline_parallel_degree = 1");
+      throw UserError(
+          head + " with " + r.key +
+          ": not implemented together with pipeline parallelism yet (issue 29); "
+          "allowed: pipeline parallelism alone, or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

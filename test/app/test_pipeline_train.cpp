@@ -68,9 +68,10 @@ void check_layouts(const std::string& flags,
   REQUIRE(ref.size() == 4);
   for (const auto& [nproc, layout] : layouts) {
     test::TempDir dir("pp_run");
-    auto p = train(nproc, flags + " --parallelism.pipeline_parallel_degree " +
-                              std::to_string(nproc) + " " + layout,
-                   dir.path.string());
+    auto p = train(
+        nproc,
+        flags + " --parallelism.pipeline_parallel_degree " + std::to_string(nproc) + " " + layout,
+        dir.path.string());
     INFO(layout << "\n" << p.out);
     REQUIRE(p.rc == 0);
     CHECK_THAT(p.out, Contains("dp = 1: pipeline parallel " + std::to_string(nproc) + " ("));
@@ -111,9 +112,10 @@ TEST_CASE("pp: llama4 and deepseek_v3 on PP 2, llama3 on PP 4, with accumulation
           "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
-  check_layouts("--model.name llama4 --training.global_batch_size 8 "
-                "--activation_checkpoint.mode full",
-                {{2, "--parallelism.pipeline_parallel_schedule 1F1B"}});
+  check_layouts(
+      "--model.name llama4 --training.global_batch_size 8 "
+      "--activation_checkpoint.mode full",
+      {{2, "--parallelism.pipeline_parallel_schedule 1F1B"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
   check_layouts("", {{4, "--parallelism.pipeline_parallel_schedule 1F1B"}});
@@ -137,8 +139,7 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
        "deadlocks"},
   };
   for (const Case& c : cases) {
-    auto r = train(2, "--parallelism.pipeline_parallel_degree 2 " + c.args,
-                   dir.file("run"));
+    auto r = train(2, "--parallelism.pipeline_parallel_degree 2 " + c.args, dir.file("run"));
     INFO(c.args << "\n" << r.out);
     CHECK(r.rc != 0);
     CHECK_THAT(r.out, Contains(c.says));
@@ -146,7 +147,8 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
   }
 }
 
-TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly", "[pp][dist][app][checkpoint]") {
+TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
+          "[pp][dist][app][checkpoint]") {
   // llama4 (MoE: the expert biases are buffers of the stage holding their layer). Each run
   // saves at steps 2 and 4; step 2 of PP 2 resumes on 1 rank and on PP 4, step 2 of 1 rank
   // on PP 2, and each must reproduce steps 3-4 of the run that wrote it to 1e-5.
@@ -174,8 +176,8 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly", "[pp][dis
     std::filesystem::create_directories(to.file("checkpoint"));
     std::filesystem::copy(c.from->file("checkpoint/step-2"), to.file("checkpoint/step-2"),
                           std::filesystem::copy_options::recursive);
-    auto r = train(c.nproc, flags + (c.nproc > 1 ? pp + std::to_string(c.nproc) : ""),
-                   to.path.string());
+    auto r =
+        train(c.nproc, flags + (c.nproc > 1 ? pp + std::to_string(c.nproc) : ""), to.path.string());
     INFO(c.nproc << " ranks\n" << r.out);
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("resumed from"));
@@ -184,7 +186,9 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly", "[pp][dis
     std::map<int64_t, Step> expect{{3, c.expect->at(3)}, {4, c.expect->at(4)}};
     worst = std::max(worst, worst_rel(expect, m));
   }
-  WARN("llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2: max relative loss / "
-       "grad norm difference over the resumed steps " << worst);
+  WARN(
+      "llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2: max relative loss / "
+      "grad norm difference over the resumed steps "
+      << worst);
   CHECK(worst < 1e-5);
 }
