@@ -84,13 +84,15 @@ ExpertsBackend select_float8_aware_backend(const JobConfig& cfg, at::Device devi
   const std::string& req = cfg.moe.experts_backend;
   const bool f8 = float8_grouped_enabled(cfg);
   if (f8 && req == "auto" && !device.is_cuda()) {
-    log_info("=> MoE experts backend = grouped_mm on the CPU (auto with model.converters = "
-             "quantize.grouped_mm.float8: the grouped layout with the CPU kernel)");
+    log_info(
+        "=> MoE experts backend = grouped_mm on the CPU (auto with model.converters = "
+        "quantize.grouped_mm.float8: the grouped layout with the CPU kernel)");
     return ExpertsBackend::GroupedMM;
   }
   const ExpertsBackend b = select_experts_backend(req, device, cfg.compile.enable, shape);
   if (f8 && b == ExpertsBackend::Loop)
-    throw UserError("moe.experts_backend = \"" + req + "\" resolves to the loop here, which "
+    throw UserError("moe.experts_backend = \"" + req +
+                    "\" resolves to the loop here, which "
                     "model.converters = \"quantize.grouped_mm.float8\" cannot use (float8 "
                     "grouped GEMMs need the grouped layout); allowed: auto or grouped_mm where "
                     "they resolve to a grouped kernel (bf16 on CUDA: training."
@@ -138,8 +140,8 @@ void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_
   moe.backend = select_float8_aware_backend(cfg, device, shape);
   if (float8_grouped_enabled(cfg)) {
     std::string why;
-    moe.float8 = choose_float8_grouped_kernel(cuda_compute_capability(device), dim,
-                                              expert_hidden, shape.dtype, &why);
+    moe.float8 = choose_float8_grouped_kernel(cuda_compute_capability(device), dim, expert_hidden,
+                                              shape.dtype, &why);
     moe.float8_fqns = cfg.float8.grouped_mm_fqns;
     log_info(std::string("=> float8 grouped GEMMs (quantize.grouped_mm.float8): torchao's "
                          "rowwise recipe, e4m3, power-of-2 scales; ") +

@@ -18,9 +18,10 @@ Float8GroupedKernel choose_float8_grouped_kernel(int cc, int64_t dim, int64_t hi
   // torch 2.11 runs the rowwise grouped kernel on 9.0 (and 10.0, which torchao does not use
   // for this recipe); elsewhere it refuses.
   if (cc != 90)
-    return emulated("at::_scaled_grouped_mm's rowwise kernel needs compute capability 9.0, "
-                    "this GPU is " +
-                    std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+    return emulated(
+        "at::_scaled_grouped_mm's rowwise kernel needs compute capability 9.0, "
+        "this GPU is " +
+        std::to_string(cc / 10) + "." + std::to_string(cc % 10));
   if (dtype != at::kBFloat16)
     return emulated(std::string("the experts compute in ") + c10::toString(dtype) +
                     " and the rowwise grouped kernel gives bf16 only");
@@ -60,7 +61,7 @@ GroupCast per_group_colwise(const at::Tensor& t, const at::Tensor& groups, int64
                         .scatter_reduce_(0, groups.unsqueeze(1).expand({M, C}), t.abs(), "amax",
                                          /*include_self=*/true);
   at::Tensor scale = float8::amax_to_scale(amax, kE4m3, /*power_of_2=*/true);  // (E + 1, C)
-  at::Tensor row_scale = scale.index_select(0, groups);                          // (M, C)
+  at::Tensor row_scale = scale.index_select(0, groups);                        // (M, C)
   return {float8::to_float8_saturated(t, row_scale, kE4m3), scale.narrow(0, 0, E), row_scale};
 }
 
@@ -72,8 +73,8 @@ at::Tensor dequantize(const at::Tensor& data, const at::Tensor& scale, at::Scala
 // torchao's emulation: dequantize, multiply in fp32, round to the operands' dtype. On CUDA
 // the dequantized operands stay in their dtype (bf16: exact), the form in which the grouped
 // kernels run sync-free; they accumulate in fp32 and round once as well.
-at::Tensor emulated(GemmForm form, const at::Tensor& a, const at::Tensor& b,
-                    const at::Tensor& offs, GroupedKernel k) {
+at::Tensor emulated(GemmForm form, const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs,
+                    GroupedKernel k) {
   const at::ScalarType t = a.is_cuda() ? a.scalar_type() : at::kFloat;
   if (form == GemmForm::TN) {
     const at::Tensor groups = row_groups(offs, a.size(0));
@@ -104,8 +105,8 @@ at::Tensor scaled_grouped(GemmForm form, const at::Tensor& a, const at::Tensor& 
     const GroupCast qb = per_group_colwise(b, groups, o.size(0));
     return at::_scaled_grouped_mm(qa.data.t().contiguous(), qb.data.t().contiguous().t(),
                                   qa.scale.reciprocal().reshape(-1),
-                                  qb.scale.reciprocal().reshape(-1), o, std::nullopt,
-                                  std::nullopt, at::kBFloat16, /*use_fast_accum=*/true);
+                                  qb.scale.reciprocal().reshape(-1), o, std::nullopt, std::nullopt,
+                                  at::kBFloat16, /*use_fast_accum=*/true);
   }
   const float8::Quantized qa = rowwise(a.contiguous(), -1);  // scale (M, 1)
   at::Tensor bd, bs;
@@ -118,8 +119,8 @@ at::Tensor scaled_grouped(GemmForm form, const at::Tensor& a, const at::Tensor& 
     bd = qb.data.transpose(-2, -1).contiguous().transpose(-2, -1);
     bs = qb.scale.squeeze(1);
   }
-  return at::_scaled_grouped_mm(qa.data, bd, qa.scale.squeeze(-1).reciprocal(), bs.reciprocal(),
-                                o, std::nullopt, std::nullopt, at::kBFloat16,
+  return at::_scaled_grouped_mm(qa.data, bd, qa.scale.squeeze(-1).reciprocal(), bs.reciprocal(), o,
+                                std::nullopt, std::nullopt, at::kBFloat16,
                                 /*use_fast_accum=*/true);
 }
 

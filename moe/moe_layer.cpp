@@ -203,8 +203,7 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
   at::Tensor xa = permute_tokens(got.rows, local);  // (M, D)
   at::Tensor ya;
   if (args_.backend != ExpertsBackend::Loop) {
-    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend,
-                         args_.float8);
+    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend, args_.float8);
   } else {
     // The loop's host counts: the exact exchange read them already; under the static
     // exchange this is the loop's own sync.

@@ -490,7 +490,8 @@ void validate_float8_grouped(const JobConfig& cfg) {
   if (!float8_grouped_enabled(cfg)) return;
   const std::string conv = "model.converters = \"quantize.grouped_mm.float8\"";
   if (cfg.model.name == "llama3")
-    throw UserError(conv + " with model.name = \"llama3\": a dense model has no routed "
+    throw UserError(conv +
+                    " with model.name = \"llama3\": a dense model has no routed "
                     "experts; allowed: model.name = llama4 or deepseek_v3, or drop the converter");
   if (cfg.float8.grouped_mm_fqns.empty())
     throw UserError("quantize.grouped_mm.float8.fqns = [] converts nothing while " + conv +
@@ -509,13 +510,13 @@ void validate_float8_grouped(const JobConfig& cfg) {
                     "allowed: 1");
   // torchtitan v0.2.2 refuses both for its float8 MoE prototype; not tried here either.
   if (p.pipeline_parallel_degree > 1)
-    throw UserError("parallelism.pipeline_parallel_degree = " +
-                    std::to_string(p.pipeline_parallel_degree) + " with " + conv +
-                    " is not implemented (torchtitan refuses it too); allowed: 1");
+    throw UserError(
+        "parallelism.pipeline_parallel_degree = " + std::to_string(p.pipeline_parallel_degree) +
+        " with " + conv + " is not implemented (torchtitan refuses it too); allowed: 1");
   if (p.context_parallel_degree > 1)
-    throw UserError("parallelism.context_parallel_degree = " +
-                    std::to_string(p.context_parallel_degree) + " with " + conv +
-                    " is not implemented (torchtitan refuses it too); allowed: 1");
+    throw UserError(
+        "parallelism.context_parallel_degree = " + std::to_string(p.context_parallel_degree) +
+        " with " + conv + " is not implemented (torchtitan refuses it too); allowed: 1");
 }
 
 // Float8 combinations that have no meaning or are not built yet (the keys alone are checked

@@ -43,9 +43,10 @@ double late_loss(const std::map<int64_t, double>& l) {
 
 }  // namespace
 
-TEST_CASE("float8 grouped: deepseek_v3 and llama4 debugmodels train 50 steps close to the run "
-          "without it",
-          "[float8][moe][app]") {
+TEST_CASE(
+    "float8 grouped: deepseek_v3 and llama4 debugmodels train 50 steps close to the run "
+    "without it",
+    "[float8][moe][app]") {
   for (const std::string model : {"deepseek_v3", "llama4"}) {
     test::TempDir dir("f8g_train_" + model);
     auto base = train(model, "--training.steps 50 --job.dump_folder " + dir.file("base"));
@@ -53,7 +54,8 @@ TEST_CASE("float8 grouped: deepseek_v3 and llama4 debugmodels train 50 steps clo
     REQUIRE(base.rc == 0);
     auto lb = test::losses(dir.file("base"));
     REQUIRE(lb.size() == 50);
-    auto r = train(model, "--training.steps 50 " + kGrouped + "--job.dump_folder " + dir.file("f8"));
+    auto r =
+        train(model, "--training.steps 50 " + kGrouped + "--job.dump_folder " + dir.file("f8"));
     INFO(model << "\n" << tail(r.out));
     REQUIRE(r.rc == 0);
     CHECK_THAT(r.out, Contains("=> float8 grouped GEMMs (quantize.grouped_mm.float8): torchao's "
@@ -94,8 +96,7 @@ TEST_CASE("float8 grouped: bad input exits 2 naming the key", "[float8][moe][app
       {"deepseek_v3", conv + "--quantize.grouped_mm.float8.fqns nomatch",
        "quantize.grouped_mm.float8.fqns", "\"nomatch\" matches no routed experts module"},
       {"deepseek_v3", conv, "quantize.grouped_mm.float8.fqns", "converts nothing"},
-      {"llama4", kGrouped + "--moe.experts_backend loop", "moe.experts_backend",
-       "cannot run"},
+      {"llama4", kGrouped + "--moe.experts_backend loop", "moe.experts_backend", "cannot run"},
       {"llama3", kGrouped, "model.converters", "no routed experts"},
       {"deepseek_v3",
        kGrouped + "--parallelism.tensor_parallel_degree 2 "
@@ -129,12 +130,12 @@ TEST_CASE("float8 grouped: expert parallelism 2 matches one rank", "[float8][moe
                        "--training.local_batch_size 2 --job.dump_folder " + dir.file("one"));
   INFO(tail(one.out));
   REQUIRE(one.rc == 0);
-  auto ep = test::run("cd " + test::source_dir() + " && " + test::torchrun() +
-                      " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " +
-                      common +
-                      "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
-                      "--job.dump_folder " +
-                      dir.file("ep"));
+  auto ep =
+      test::run("cd " + test::source_dir() + " && " + test::torchrun() +
+                " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " + common +
+                "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
+                "--job.dump_folder " +
+                dir.file("ep"));
   INFO(tail(ep.out));
   REQUIRE(ep.rc == 0);
   CHECK_THAT(ep.out, Contains("(ep 2"));

@@ -139,12 +139,12 @@ TEST_CASE("moe float8: float8 is really on, per group, and each gradient is floa
   const Inputs in = make_inputs();
   const Swiglu hp = run_swiglu(in, at::kFloat, std::nullopt);
   const Swiglu f8 = run_swiglu(in, at::kFloat);
-  for (auto& [what, a, b] : std::vector<std::tuple<std::string, at::Tensor, at::Tensor>>{
-           {"out", f8.out, hp.out},
-           {"dx", f8.dx, hp.dx},
-           {"dw1", f8.dw1, hp.dw1},
-           {"dw2", f8.dw2, hp.dw2},
-           {"dw3", f8.dw3, hp.dw3}}) {
+  for (auto& [what, a, b] :
+       std::vector<std::tuple<std::string, at::Tensor, at::Tensor>>{{"out", f8.out, hp.out},
+                                                                    {"dx", f8.dx, hp.dx},
+                                                                    {"dw1", f8.dw1, hp.dw1},
+                                                                    {"dw2", f8.dw2, hp.dw2},
+                                                                    {"dw3", f8.dw3, hp.dw3}}) {
     INFO(what);
     // e4m3 keeps 3 mantissa bits: a few percent per element; these inputs' rows span four
     // orders of magnitude and the SwiGLU multiplies two float8 products (measured: 0.03 to
