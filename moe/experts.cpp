@@ -349,6 +349,10 @@ at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, con
                            const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b,
                            std::optional<Float8GroupedKernel> float8) {
   TORCH_CHECK(b != ExpertsBackend::Loop, "grouped_experts: the loop is no grouped backend");
+  // titan-train estimate's meta-device step: ATen has no meta kernel for the casts (abs.out),
+  // and the float8 temporaries are not counted (nor are the float8 linears'), so the experts
+  // are measured in high precision there.
+  if (x_padded.is_meta()) float8.reset();
   // bf16 on CUDA: the form both CUDA kernels take (and torchtitan's).
   const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
   at::Tensor y = grouped_swiglu(x_padded.to(t), w1.to(t), w2.to(t), w3.to(t), offs,

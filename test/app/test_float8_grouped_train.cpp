@@ -173,3 +173,13 @@ TEST_CASE("float8 grouped: full and op-level activation checkpointing change not
     CHECK(runs["sele"][s] == runs["none"][s]);
   }
 }
+
+// titan-train estimate's meta-device step runs the experts in high precision (no meta
+// kernels for the casts); it must not fail with the converter on.
+TEST_CASE("float8 grouped: estimate runs with the converter on", "[float8][moe][app]") {
+  auto r = test::run("cd " + test::source_dir() + " && " + test::binary() +
+                     " estimate --config configs/deepseek_v3_debug.toml " + kGrouped);
+  INFO(tail(r.out));
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("=> float8 grouped GEMMs: routed experts of 5 of 5 MoE layers"));
+}
