@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/base/errors.h"
+#include "core/base/log.h"
 
 namespace titan {
 
@@ -74,6 +75,57 @@ void add_moe_to_tp_plan(TpPlan& plan, const MoELayer& m) {
   }
 }
 
+namespace {
+
+// moe.experts_backend, resolved; with float8 grouped GEMMs the grouped layout is required: on
+// the CPU auto takes it (with the CPU kernel), and the loop exits 2.
+ExpertsBackend select_float8_aware_backend(const JobConfig& cfg, at::Device device,
+                                           const ExpertsGemmShape& shape) {
+  const std::string& req = cfg.moe.experts_backend;
+  const bool f8 = float8_grouped_enabled(cfg);
+  if (f8 && req == "auto" && !device.is_cuda()) {
+    log_info(
+        "=> MoE experts backend = grouped_mm on the CPU (auto with model.converters = "
+        "quantize.grouped_mm.float8: the grouped layout with the CPU kernel)");
+    return ExpertsBackend::GroupedMM;
+  }
+  const ExpertsBackend b = select_experts_backend(req, device, cfg.compile.enable, shape);
+  if (f8 && b == ExpertsBackend::Loop)
+    throw UserError("moe.experts_backend = \"" + req +
+                    "\" resolves to the loop here, which "
+                    "model.converters = \"quantize.grouped_mm.float8\" cannot use (float8 "
+                    "grouped GEMMs need the grouped layout); allowed: auto or grouped_mm where "
+                    "they resolve to a grouped kernel (bf16 on CUDA: training."
+                    "mixed_precision_param = \"bfloat16\"), cutlass, or no grouped float8");
+  return b;
+}
+
+}  // namespace
+
+void check_float8_grouped_fqns(const JobConfig& cfg, const MoETransformer& m) {
+  if (!float8_grouped_enabled(cfg)) return;
+  std::vector<std::string> experts;
+  for (const MoELayer* l : m.moe_layers()) experts.push_back(l->prefix() + "experts");
+  std::string converted;
+  int64_t n = 0;
+  for (const MoELayer* l : m.moe_layers())
+    if (l->float8_experts()) converted += (n++ ? ", " : "") + l->prefix() + "experts";
+  for (const std::string& e : cfg.float8.grouped_mm_fqns) {
+    bool hit = false;
+    for (const std::string& f : experts) hit = hit || fqn_matches_any(f, {e});
+    if (!hit)
+      throw UserError("quantize.grouped_mm.float8.fqns entry \"" + e +
+                      "\" matches no routed experts module of " + cfg.model.name + "/" +
+                      cfg.model.flavor + "; allowed: a substring of one of " +
+                      (experts.empty() ? std::string("(none: no MoE layer)")
+                                       : experts.front() + " ... " + experts.back()) +
+                      ", e.g. \"experts\"");
+  }
+  log_info("=> float8 grouped GEMMs: routed experts of " + std::to_string(n) + " of " +
+           std::to_string(experts.size()) + " MoE layers (" + converted +
+           "); shared experts and router untouched by this converter");
+}
+
 void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_t dim,
                    int64_t expert_hidden) {
   ExpertsGemmShape shape;
@@ -85,7 +137,17 @@ void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_
       (device.is_cuda() || cfg.compile.enable) && cfg.training.mixed_precision_param == "bfloat16"
           ? at::kBFloat16
           : at::kFloat;
-  moe.backend = select_experts_backend(cfg.moe.experts_backend, device, cfg.compile.enable, shape);
+  moe.backend = select_float8_aware_backend(cfg, device, shape);
+  if (float8_grouped_enabled(cfg)) {
+    std::string why;
+    moe.float8 = choose_float8_grouped_kernel(cuda_compute_capability(device), dim, expert_hidden,
+                                              shape.dtype, &why);
+    moe.float8_fqns = cfg.float8.grouped_mm_fqns;
+    log_info(std::string("=> float8 grouped GEMMs (quantize.grouped_mm.float8): torchao's "
+                         "rowwise recipe, e4m3, power-of-2 scales; ") +
+             float8_grouped_kernel_name(*moe.float8) + " on " +
+             (device.is_cuda() ? "CUDA" : "the CPU") + " (" + why + ")");
+  }
   moe.load_balance_coeff = cfg.moe.load_balance_coeff;
   moe.seq_aux_loss_coeff = cfg.moe.seq_aux_loss_coeff;
   const std::string& ac = cfg.activation_checkpoint.mode;

@@ -64,6 +64,10 @@ void add_moe_to_tp_plan(TpPlan& plan, const MoELayer& m);
 // activation checkpointing).
 void configure_moe(MoEArgs& moe, const JobConfig& cfg, at::Device device, int64_t dim,
                    int64_t expert_hidden);
+// quantize.grouped_mm.float8.fqns against the built model: an entry that is a substring of no
+// MoE layer's "layers.<l>.moe.experts" throws UserError naming the key; logs which layers'
+// routed experts are float8. Nothing without the converter.
+void check_float8_grouped_fqns(const JobConfig& cfg, const MoETransformer& m);
 // The longest sequence the run feeds the model: training, and validation when enabled.
 int64_t run_max_seq_len(const JobConfig& cfg);
 

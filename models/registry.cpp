@@ -4,6 +4,7 @@
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
+#include "models/moe_model.h"
 
 namespace titan {
 
@@ -53,6 +54,7 @@ std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool
     throw UserError("model.name = \"" + cfg.model.name +
                     "\" is not a model; allowed: llama3, llama4, deepseek_v3");
   }
+  if (auto* moe = dynamic_cast<MoETransformer*>(m.get())) check_float8_grouped_fqns(cfg, *moe);
   if (!defer_params) m->init_weights(static_cast<uint64_t>(cfg.debug.seed));
   return m;
 }

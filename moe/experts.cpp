@@ -7,6 +7,7 @@
 #include "core/base/errors.h"
 #include "core/base/log.h"
 #include "core/train/recompute.h"
+#include "moe/float8_grouped_gemm.h"
 
 // The device query needs the CUDA runtime headers; the wheel's libtorch_cuda provides the
 // symbol. Without them (a CPU-only LibTorch) every device reports capability 0.
@@ -196,50 +197,66 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// No float8: the grouped experts op's GEMMs in high precision.
+constexpr int64_t kNoFloat8 = -1;
+
+// One GEMM of the grouped experts op: high precision, or float8 when f8 holds a
+// Float8GroupedKernel (each GEMM then quantizes its own operands, as torchao's
+// _Float8GroupedMM does for each of its three).
+at::Tensor expert_gemm(GemmForm form, const at::Tensor& a, const at::Tensor& b,
+                       const at::Tensor& offs, GroupedKernel k, int64_t f8) {
+  if (f8 == kNoFloat8) return grouped_gemm(form, a, b, offs, k);
+  return float8_grouped_gemm(form, a, b, offs, k, static_cast<Float8GroupedKernel>(f8));
+}
+
 // y, h1, h3 of the grouped SwiGLU: h1 = x w1^T, h3 = x w3^T, y = (silu(h1) * h3) w2^T.
 std::vector<at::Tensor> grouped_swiglu_outputs(const at::Tensor& x, const at::Tensor& w1,
                                                const at::Tensor& w2, const at::Tensor& w3,
-                                               const at::Tensor& offs, GroupedKernel k) {
-  at::Tensor h1 = grouped_gemm(GemmForm::NT, x, w1, offs, k);  // (M, H)
-  at::Tensor h3 = grouped_gemm(GemmForm::NT, x, w3, offs, k);
-  at::Tensor y = grouped_gemm(GemmForm::NT, at::silu(h1) * h3, w2, offs, k);  // (M, D)
+                                               const at::Tensor& offs, GroupedKernel k,
+                                               int64_t f8) {
+  at::Tensor h1 = expert_gemm(GemmForm::NT, x, w1, offs, k, f8);  // (M, H)
+  at::Tensor h3 = expert_gemm(GemmForm::NT, x, w3, offs, k, f8);
+  at::Tensor y = expert_gemm(GemmForm::NT, at::silu(h1) * h3, w2, offs, k, f8);  // (M, D)
   return {y, h1, h3};
 }
 
 // The grouped SwiGLU with a hand-written backward, every GEMM a grouped GEMM of one kernel.
 // `saved` holds y, h1, h3 of an op-level checkpoint's forward (then nothing is computed
-// again), or nothing.
+// again), or nothing. f8: kNoFloat8, or the Float8GroupedKernel of all eight GEMMs (the
+// backward's too: torchao's recipe takes both gradients in float8).
 struct GroupedSwiGLU : public torch::autograd::Function<GroupedSwiGLU> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
                             const at::Tensor& w2, const at::Tensor& w3, const at::Tensor& offs,
-                            int64_t kernel, at::TensorList saved) {
+                            int64_t kernel, int64_t f8, at::TensorList saved) {
     const auto k = static_cast<GroupedKernel>(kernel);
     std::vector<at::Tensor> o =
-        saved.empty() ? grouped_swiglu_outputs(x, w1, w2, w3, offs, k) : saved.vec();
+        saved.empty() ? grouped_swiglu_outputs(x, w1, w2, w3, offs, k, f8) : saved.vec();
     ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["f8"] = f8;
     ctx->save_for_backward({x, w1, w2, w3, offs, o[1], o[2]});
     return saved.empty() ? o[0] : o[0].detach();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto k = static_cast<GroupedKernel>(ctx->saved_data["kernel"].toInt());
+    const int64_t f8 = ctx->saved_data["f8"].toInt();
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w1 = s[1], &w2 = s[2], &w3 = s[3], &offs = s[4];
     const at::Tensor &h1 = s[5], &h3 = s[6];
     at::Tensor dy = grad_out[0].contiguous();
     at::Tensor a = at::silu(h1);
-    at::Tensor dg = grouped_gemm(GemmForm::NN, dy, w2, offs, k);  // (M, H)
+    at::Tensor dg = expert_gemm(GemmForm::NN, dy, w2, offs, k, f8);  // (M, H)
     at::Tensor dh1 = at::silu_backward(dg * h3, h1);
     at::Tensor dh3 = dg * a;
-    at::Tensor dw2 = grouped_gemm(GemmForm::TN, dy, a * h3, offs, k);  // (E, D, H)
-    at::Tensor dw1 = grouped_gemm(GemmForm::TN, dh1, x, offs, k);      // (E, H, D)
-    at::Tensor dw3 = grouped_gemm(GemmForm::TN, dh3, x, offs, k);
-    at::Tensor dx = grouped_gemm(GemmForm::NN, dh1, w1, offs, k) +
-                    grouped_gemm(GemmForm::NN, dh3, w3, offs, k);  // (M, D)
-    // offs, kernel and up to three saved outputs get none (trailing undefined ones are
+    at::Tensor dw2 = expert_gemm(GemmForm::TN, dy, a * h3, offs, k, f8);  // (E, D, H)
+    at::Tensor dw1 = expert_gemm(GemmForm::TN, dh1, x, offs, k, f8);      // (E, H, D)
+    at::Tensor dw3 = expert_gemm(GemmForm::TN, dh3, x, offs, k, f8);
+    at::Tensor dx = expert_gemm(GemmForm::NN, dh1, w1, offs, k, f8) +
+                    expert_gemm(GemmForm::NN, dh3, w3, offs, k, f8);  // (M, D)
+    // offs, kernel, f8 and up to three saved outputs get none (trailing undefined ones are
     // dropped when fewer were passed).
     variable_list g{dx, dw1, dw2, dw3};
-    g.resize(9);
+    g.resize(10);
     return g;
   }
 };
@@ -303,35 +320,43 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
 }  // namespace
 
 at::Tensor grouped_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
-                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k) {
+                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k,
+                          std::optional<Float8GroupedKernel> float8) {
+  const int64_t f8 = float8 ? static_cast<int64_t>(*float8) : kNoFloat8;
   TORCH_CHECK(offs.scalar_type() == at::kInt && offs.size(0) == w1.size(0),
               "grouped_swiglu: one int32 offset per expert");
   // Op-level checkpointing saves the three GEMM outputs and hands them back in the recompute.
   if (op_tape_recording()) {
-    std::vector<at::Tensor> o = grouped_swiglu_outputs(x, w1, w2, w3, offs, k);
+    std::vector<at::Tensor> o = grouped_swiglu_outputs(x, w1, w2, w3, offs, k, f8);
     op_tape_save(o);
     return o[0];
   }
   std::vector<at::Tensor> saved;
   if (op_tape_replaying()) saved = op_tape_restore(3);
-  return GroupedSwiGLU::apply(x, w1, w2, w3, offs, static_cast<int64_t>(k),
+  return GroupedSwiGLU::apply(x, w1, w2, w3, offs, static_cast<int64_t>(k), f8,
                               at::TensorList(saved));
 }
 
 at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
-                           const at::Tensor& w3, const Dispatch& d, ExpertsBackend b) {
+                           const at::Tensor& w3, const Dispatch& d, ExpertsBackend b,
+                           std::optional<Float8GroupedKernel> float8) {
   TORCH_CHECK(d.align > 0 && x_padded.size(0) == d.padded_rows,
               "grouped_experts: x must be in the dispatch's aligned layout");
-  return grouped_experts(x_padded, w1, w2, w3, d.offs, b);
+  return grouped_experts(x_padded, w1, w2, w3, d.offs, b, float8);
 }
 
 at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
-                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b) {
+                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b,
+                           std::optional<Float8GroupedKernel> float8) {
   TORCH_CHECK(b != ExpertsBackend::Loop, "grouped_experts: the loop is no grouped backend");
+  // titan-train estimate's meta-device step: ATen has no meta kernel for the casts (abs.out),
+  // and the float8 temporaries are not counted (nor are the float8 linears'), so the experts
+  // are measured in high precision there.
+  if (x_padded.is_meta()) float8.reset();
   // bf16 on CUDA: the form both CUDA kernels take (and torchtitan's).
   const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
   at::Tensor y = grouped_swiglu(x_padded.to(t), w1.to(t), w2.to(t), w3.to(t), offs,
-                                grouped_kernel(b, x_padded.device()));
+                                grouped_kernel(b, x_padded.device()), float8);
   return y.to(x_padded.scalar_type());
 }
 

@@ -10,11 +10,13 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/train/expert_exchange.h"
 #include "moe/dispatch.h"
+#include "moe/float8_grouped_gemm.h"
 #include "moe/grouped_gemm.h"
 
 namespace titan {
@@ -71,18 +73,24 @@ int64_t experts_alignment(ExpertsBackend b);
 // five grouped GEMMs (two NN for dx, three TN for the weight gradients) plus the SwiGLU's
 // elementwise gradient, with the same kernel. x (M, D) and the weights in one dtype: bf16 for
 // the CUDA kernels. Saves x, the weights and the two hidden pre-activations.
+// float8 (model.converters "quantize.grouped_mm.float8"): all eight GEMMs, forward and
+// backward, are float8 grouped GEMMs (moe/float8_grouped_gemm.h) with that kernel; the
+// emulation runs its dequantized operands through `k`.
 at::Tensor grouped_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
-                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k);
+                          const at::Tensor& w3, const at::Tensor& offs, GroupedKernel k,
+                          std::optional<Float8GroupedKernel> float8 = std::nullopt);
 
 // x_padded: (M, D) rows in d's aligned layout (permute_tokens with an aligned dispatch).
 // Returns (M, D) in x_padded's dtype, padding rows zero. On CUDA the GEMMs run in bf16 (as
 // torchtitan does); on the CPU in x's dtype, through at::_grouped_mm's CPU kernel.
 at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
                            const at::Tensor& w3, const Dispatch& d,
-                           ExpertsBackend b = ExpertsBackend::GroupedMM);
+                           ExpertsBackend b = ExpertsBackend::GroupedMM,
+                           std::optional<Float8GroupedKernel> float8 = std::nullopt);
 // The same over explicit offsets (E) int32: rows past offs[E-1] are left unwritten.
 at::Tensor grouped_experts(const at::Tensor& x_padded, const at::Tensor& w1, const at::Tensor& w2,
-                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b);
+                           const at::Tensor& w3, const at::Tensor& offs, ExpertsBackend b,
+                           std::optional<Float8GroupedKernel> float8 = std::nullopt);
 // host_counts: rows per expert (sum N). An autograd function whose backward reuses the host
 // counts, so backward adds no sync.
 at::Tensor loop_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const at::Tensor& w2,

@@ -16,9 +16,20 @@ std::vector<int64_t> balanced_counts(int64_t n, int64_t E) {
 
 }  // namespace
 
+bool fqn_matches_any(const std::string& fqn, const std::vector<std::string>& entries) {
+  for (const std::string& e : entries)
+    if (fqn.find(e) != std::string::npos) return true;
+  return false;
+}
+
+int64_t MoELayer::group_alignment() const {
+  return args_.float8 ? kFloat8GroupAlignment : experts_alignment(args_.backend);
+}
+
 MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::string& prefix,
                    ParamStore& store, at::Device device, double init_std)
     : args_(a), dim_(dim), hidden_(hidden), prefix_(prefix) {
+  if (args_.float8 && !fqn_matches_any(prefix + "experts", args_.float8_fqns)) args_.float8.reset();
   const int64_t E = a.num_experts;
   auto P = [&](const std::string& name, std::vector<int64_t> shape, bool decay, double std,
                ParamKind kind = ParamKind::Dense) {
@@ -78,7 +89,7 @@ at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor
   // grouped_mm: the permute writes the aligned layout and the combine reads it, so no pad or
   // unpad copy. Expert parallelism sends rows in plain expert order and aligns them locally.
   const bool aligned = grouped && !ep_;
-  Dispatch d = plan_dispatch(r.experts, E, aligned ? experts_alignment(args_.backend) : 0);
+  Dispatch d = plan_dispatch(r.experts, E, aligned ? group_alignment() : 0);
 
   // Count once per training forward; a checkpoint recompute repeats the forward, not the step.
   const bool recompute = is_recomputing();
@@ -97,7 +108,7 @@ at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor
   if (ep_) {
     out_sorted = expert_parallel_experts(routed, top_sorted, w1, w2, w3, d, mode, recompute);
   } else if (grouped) {
-    out_sorted = grouped_experts(routed, w1, w2, w3, d, args_.backend);
+    out_sorted = grouped_experts(routed, w1, w2, w3, d, args_.backend, args_.float8);
   } else {
     // The loop backend's one host sync per layer and forward. A checkpointed forward leaves
     // its counts for the recompute, which then reads no device value either.
@@ -184,14 +195,15 @@ at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at:
 at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at::Tensor& w1,
                                    const at::Tensor& w2, const at::Tensor& w3,
                                    std::vector<int64_t>& host_counts) {
-  const int64_t El = w1.size(0), align = 8;
+  // 8 rows even for the loop (its groups are cut from the aligned layout); 16 with float8.
+  const int64_t El = w1.size(0), align = args_.float8 ? kFloat8GroupAlignment : 8;
   // Rows grouped by local expert and aligned, on the device; the static exchange's empty
   // slots (local expert El) form one more group after the last, which no GEMM computes.
   Dispatch local = plan_dispatch(got.local_expert.view({-1, 1}), El + 1, align);
   at::Tensor xa = permute_tokens(got.rows, local);  // (M, D)
   at::Tensor ya;
   if (args_.backend != ExpertsBackend::Loop) {
-    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend);
+    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend, args_.float8);
   } else {
     // The loop's host counts: the exact exchange read them already; under the static
     // exchange this is the loop's own sync.

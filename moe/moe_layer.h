@@ -30,7 +30,16 @@ struct MoEArgs : RouterArgs {
   double load_balance_coeff = 1e-3;  // expert-bias update speed; 0: off
   double seq_aux_loss_coeff = 0;     // weight of the sequence-wise balance loss; 0: off
   ExpertsBackend backend = ExpertsBackend::Loop;
+  // model.converters "quantize.grouped_mm.float8": the kernel of the float8 grouped GEMMs and
+  // quantize.grouped_mm.float8.fqns; a layer converts its routed experts when an entry is a
+  // substring of its "<prefix>experts" (torchtitan's module filter). Unset: no float8.
+  std::optional<Float8GroupedKernel> float8;
+  std::vector<std::string> float8_fqns;
 };
+
+// Whether an entry of `entries` is a substring of `fqn` (torchtitan's module filter for
+// quantize.grouped_mm.float8.fqns).
+bool fqn_matches_any(const std::string& fqn, const std::vector<std::string>& entries);
 
 class MoELayer {
  public:
@@ -76,6 +85,11 @@ class MoELayer {
   int64_t hidden() const { return hidden_; }
   int64_t dim() const { return dim_; }
   const std::string& prefix() const { return prefix_; }
+  // The routed experts' grouped GEMMs run in float8 (args.float8 and an fqn matched).
+  bool float8_experts() const { return args_.float8.has_value(); }
+  // Rows per expert group of the aligned layout: 16 with float8 grouped GEMMs, else the
+  // backend's.
+  int64_t group_alignment() const;
 
   // Training state. expert_bias (E) fp32: added to the scores for selection only.
   // tokens_per_expert (E) fp32: routed rows counted by training forwards since the last

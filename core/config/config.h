@@ -197,6 +197,9 @@ struct JobConfig {
 // model.converters turns on the float8 linears: torchtitan v0.2.2's converter name
 // "quantize.linear.float8", or "float8" as its shipped configs and earlier releases write it.
 bool float8_linear_enabled(const JobConfig& cfg);
+// model.converters holds "quantize.grouped_mm.float8": the routed experts' grouped GEMMs
+// named by quantize.grouped_mm.float8.fqns run in float8 (docs/float8.md).
+bool float8_grouped_enabled(const JobConfig& cfg);
 
 // ---- The registry ------------------------------------------------------------------------
 

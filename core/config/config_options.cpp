@@ -132,7 +132,8 @@ void model_options(std::vector<Option>& out) {
   s.add("converters", &ModelSection::converters, Strings{},
         "Model converters: \"quantize.linear.float8\" (or \"float8\") trains the linear "
         "layers with float8 GEMMs ([quantize.linear.float8], docs/float8.md); "
-        "\"quantize.grouped_mm.float8\" is not implemented yet")
+        "\"quantize.grouped_mm.float8\" the MoE routed experts' grouped GEMMs "
+        "([quantize.grouped_mm.float8])")
       .choices({"float8", "quantize.linear.float8", "quantize.grouped_mm.float8"});
 }
 
@@ -479,8 +480,9 @@ void float8_options(std::vector<Option>& out) {
       .alias("float8.precompute_float8_dynamic_scale_for_fsdp");
   SectionDefs<F> g("quantize.grouped_mm.float8", &JobConfig::float8, out);
   g.add("fqns", &F::grouped_mm_fqns, Strings{},
-        "MoE layers whose routed experts' grouped GEMMs run in float8 (converter "
-        "quantize.grouped_mm.float8): not implemented yet");
+        "MoE modules whose routed experts' grouped GEMMs run in float8 rowwise (converter "
+        "quantize.grouped_mm.float8): an entry converts layers.<l>.moe.experts when it is a "
+        "substring of that name, e.g. \"experts\"; an entry matching none exits 2");
 }
 
 std::vector<Option> build_registry() {

@@ -239,18 +239,29 @@ std::string describe(const Options& opts, const c10::Device& device) {
 
 Quantized quantize(const at::Tensor& x, at::ScalarType float8_dtype, bool rowwise, int64_t dim,
                    bool power_of_2) {
-  const double fmax = float8_max(float8_dtype);
   // at::amax over every dim, not at::max: the CPU kernel of a full max fills its result with
   // the host value it reduced (aten::fill_ with a changing scalar, a capture break), while
   // amax reduces into the tensor. The same value: a max is exact.
   at::Tensor amax = rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::amax(at::abs(x));
+  at::Tensor scale = amax_to_scale(amax, float8_dtype, power_of_2);
+  return {to_float8_saturated(x, scale, float8_dtype), scale};
+}
+
+at::Tensor amax_to_scale(const at::Tensor& amax, at::ScalarType float8_dtype, bool power_of_2) {
   // torchao computes fmax / amax as amax.reciprocal() * fmax in fp64 (Python's float / tensor).
-  at::Tensor scale =
-      amax.to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(fmax).to(at::kFloat);
-  if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
-  // Saturating cast: the clamp is torchao's (eager casts in torch 2.11 do not saturate).
-  at::Tensor data = x.to(at::kFloat).mul(scale).clamp(-fmax, fmax).to(float8_dtype);
-  return {data, scale};
+  at::Tensor scale = amax.to(at::kDouble)
+                         .clamp_min(kAmaxFloor)
+                         .reciprocal()
+                         .mul(float8_max(float8_dtype))
+                         .to(at::kFloat);
+  return power_of_2 ? at::exp2(at::floor(at::log2(scale))) : scale;
+}
+
+at::Tensor to_float8_saturated(const at::Tensor& x, const at::Tensor& scale,
+                               at::ScalarType float8_dtype) {
+  // The clamp is torchao's (eager casts in torch 2.11 do not saturate).
+  const double fmax = float8_max(float8_dtype);
+  return x.to(at::kFloat).mul(scale).clamp(-fmax, fmax).to(float8_dtype);
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,

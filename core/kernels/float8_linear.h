@@ -68,6 +68,13 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 //   rowwise true:  amax over dim `dim` (keepdim), one scale per slice.
 // scale = float8_max / max(amax, 1e-12) in fp64, then fp32; power_of_2 rounds it down to a
 // power of 2.
+// torchao's amax_to_scale: float8_max / max(amax, 1e-12) in fp64, then fp32; power_of_2
+// rounds it down to a power of 2. amax: any shape, any float dtype.
+at::Tensor amax_to_scale(const at::Tensor& amax, at::ScalarType float8_dtype, bool power_of_2);
+// torchao's to_fp8_saturated(x * scale): x * scale in fp32, clamped to +-float8_max, cast.
+at::Tensor to_float8_saturated(const at::Tensor& x, const at::Tensor& scale,
+                               at::ScalarType float8_dtype);
+
 struct Quantized {
   at::Tensor data;   // float8, x's shape and strides
   at::Tensor scale;  // fp32

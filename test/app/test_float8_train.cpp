@@ -136,7 +136,7 @@ TEST_CASE("float8: bad float8 input exits 2 naming the key", "[float8][app]") {
       {"--model.converters quantize.linear.float8 "
        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true",
        "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "not implemented yet"},
-      {"--model.converters quantize.grouped_mm.float8", "model.converters", "not implemented yet"},
+      {"--model.converters quantize.grouped_mm.float8", "model.converters", "no routed experts"},
       {"--model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp "
        "--quantize.linear.float8.filter_fqns auto_filter_small_kn",
        "quantize.linear.float8.filter_fqns", "rowwise_with_gw_hp"},

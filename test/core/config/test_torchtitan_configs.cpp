@@ -303,8 +303,10 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
       {"[model]\nconverters = [\"float8\"]\n[quantize.linear.float8]\n"
        "enable_fsdp_float8_all_gather = true\n",
        "quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP all-gather in float8"},
-      {"[model]\nconverters = [\"quantize.grouped_mm.float8\"]\n", "model.converters",
-       "float8 grouped GEMMs"},
+      {"[model]\nname = \"deepseek_v3\"\nconverters = [\"quantize.grouped_mm.float8\"]\n"
+       "[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n[parallelism]\n"
+       "tensor_parallel_degree = 2\nexpert_tensor_parallel_degree = 2\n",
+       "parallelism.expert_tensor_parallel_degree", "quantize.grouped_mm.float8"},
       {"[parallelism]\ntensor_parallel_degree = 8\nenable_async_tensor_parallel = true\n",
        "parallelism.enable_async_tensor_parallel", "async tensor parallelism"},
       {"[parallelism]\ncontext_parallel_degree = 2\n", "parallelism.context_parallel_degree",
