@@ -64,7 +64,7 @@ std::string PipelineTraining::describe() const {
 }
 
 StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
-                                  const StepOptions& o) {
+                                  const StepOptions& o, GradSync* sync) {
   auto mark = [&o](PhaseTimer::Phase p) {
     if (o.timer) o.timer->mark(p);
   };
@@ -87,11 +87,13 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
     total_ms_ += runner_->last_total_ms();
     r.loss = r.loss.defined() ? r.loss + loss : loss;
   }
-  mark(PhaseTimer::kForwardBackwardDone);
-  RECORD_USER_SCOPE("titan::optimizer");
   std::vector<at::Tensor> mine;
   for (int64_t i : params_) mine.push_back(model_.params()[i].value);
+  if (sync) sync->reduce_gradients(mine);
+  mark(PhaseTimer::kForwardBackwardDone);
+  RECORD_USER_SCOPE("titan::optimizer");
   at::Tensor norm_sq = grad_norm_sq(mine);
+  if (sync) sync->reduce_norm_sq(norm_sq);
   pp_.allreduce(norm_sq, ReduceOp::Sum);  // every stage's share of the one norm
   r.grad_norm = at::sqrt(norm_sq);
   clip_grad_norm(mine, o.max_norm, r.grad_norm);

@@ -37,7 +37,9 @@ class PipelineTraining {
   // One optimizer step. StepResult::loss is this rank's share of the global mean (zero on the
   // ranks without the last stage, so a sum over the ranks is the loss); grad_norm is the
   // global norm over every stage's gradients, on every rank.
-  StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o);
+  // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
+  StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
+                  GradSync* sync = nullptr);
   // "pipeline parallel 2 (1F1B, 2 stages, 4 micro-batches of 1): this rank holds stage 0:
   // tok_embeddings, layers.0-2"
   std::string describe() const;

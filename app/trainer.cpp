@@ -141,12 +141,20 @@ void Trainer::setup_distributed() {
     pg_->check_same_config(config_hash(cfg_));
     tp_ = cfg_.parallelism.tensor_parallel_degree;
     pp_ = cfg_.parallelism.pipeline_parallel_degree;
-    // A pipeline spans the world (validate_for_world): one data-parallel rank, no mesh.
-    if (pp_ == 1) {
-      mesh_ = build_mesh(*pg_, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
-                         cfg_.parallelism.expert_parallel_degree, tp_);
-      dp_rank_ = mesh_->dp_rank();
+    ProcessGroup* mesh_world = pg_.get();
+    if (pp_ > 1) {
+      // torchtitan's order, the pipeline outermost: the world is pp blocks of dp x tp ranks.
+      const int64_t inner = launch_.world_size / pp_, me = launch_.rank % inner;
+      std::vector<int64_t> stage, pipe;
+      for (int64_t i = 0; i < inner; ++i) stage.push_back(launch_.rank - me + i);
+      for (int64_t s = 0; s < pp_; ++s) pipe.push_back(s * inner + me);
+      stage_pg_ = pg_->subgroup("pp_stage", stage);
+      pipe_pg_ = pg_->subgroup("pp", pipe);
+      mesh_world = stage_pg_.get();
     }
+    mesh_ = build_mesh(*mesh_world, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
+                       cfg_.parallelism.expert_parallel_degree, tp_);
+    dp_rank_ = mesh_->dp_rank();
   }
   // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
   // otherwise the replicas hold it whole and all-reduce gradients (DDP). TITAN_FORCE_FSDP=1
@@ -371,9 +379,20 @@ void Trainer::parallelize() {
   if (pp_ > 1) {
     // Only this rank's stages are allocated and drawn; the MoE load counts of a layer live
     // on its one stage, so nothing is summed across ranks.
-    pipeline_ =
-        std::make_unique<PipelineTraining>(cfg_, *model_, *pg_, bf16_ ? at::kBFloat16 : at::kFloat,
-                                           device_, static_cast<uint64_t>(cfg_.debug.seed));
+    pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
+                                                   bf16_ ? at::kBFloat16 : at::kFloat, device_,
+                                                   static_cast<uint64_t>(cfg_.debug.seed));
+    if (mesh_->dp_degree() > 1) {
+      // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
+      // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
+      std::vector<at::Tensor> mine;
+      for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
+      ddp_ = std::make_unique<DataParallel>(*mesh_->world, mine, reduce_dtype(cfg_), 25 << 20,
+                                            /*overlap=*/false);
+      grad_sync_ = ddp_.get();
+      model_->set_dp_allreduce(
+          [g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
+    }
     return;
   }
   apply_tp();
@@ -505,7 +524,10 @@ void Trainer::log_plan() const {
   if (tp_ > 1)
     layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
              describe_tp(*model_, tp_);
-  if (pipeline_) layout = pipeline_->describe();
+  if (pipeline_)
+    layout = pipeline_->describe() +
+             (ddp_ ? "; " + std::to_string(d_.dp_degree) + " DDP replicas, " + ddp_->describe()
+                   : std::string());
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
@@ -573,7 +595,7 @@ void Trainer::resume() {
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
   // Under pipeline parallelism every rank writes what its stages hold.
   if (pipeline_) {
-    cg.writes = true;
+    cg.writes = dp_rank_ == 0;
     cg.writers = pp_;
   }
   if (pg_) {
@@ -619,8 +641,13 @@ void Trainer::resume() {
                std::to_string(cfg_.training.steps) +
                "): nothing to train; raise training.steps to continue");
   }
-  if (ddp_) ddp_->broadcast_state(*model_);
+  // Pipeline replicas start equal without it: the same per-name streams or checkpoint.
+  if (ddp_ && !pipeline_) ddp_->broadcast_state(*model_);
   if (mesh_) mesh_->start_training();  // the world and its sub-groups
+  if (pipe_pg_) {  // the mesh's world is the stage group here
+    pg_->start_training();
+    pipe_pg_->start_training();
+  }
 }
 
 // A resumed run re-trains the steps after its checkpoint, so the rows an earlier run logged
@@ -681,7 +708,7 @@ int Trainer::train_loop() {
     o.ep = ep_control_.get();
     ProcessGroup::count_comm_waits(true);
     StepResult r = compiled_   ? compiled_->step(micro, o)
-                   : pipeline_ ? pipeline_->step(*opt_, micro, o)
+                   : pipeline_ ? pipeline_->step(*opt_, micro, o, grad_sync_)
                                : train_step(*model_, *opt_, micro, o, grad_sync_);
     ProcessGroup::count_comm_waits(false);
     if (compiled_) {

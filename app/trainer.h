@@ -101,7 +101,10 @@ class Trainer {
   int64_t last_finite_step_ = 0;  // the last step whose loss log_step read finite
   bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
   std::unique_ptr<Model> model_;
-  int64_t pp_ = 1;  // parallelism.pipeline_parallel_degree (the whole world when > 1)
+  int64_t pp_ = 1;  // parallelism.pipeline_parallel_degree
+  // Pipeline parallelism, outermost in the mesh (global rank = stage rank x dp + dp rank):
+  // the ranks of this rank's stage group (the mesh's world) and of its pipeline.
+  std::unique_ptr<ProcessGroup> stage_pg_, pipe_pg_;
   std::unique_ptr<PipelineTraining> pipeline_;  // this rank's stages, their schedule
   std::unique_ptr<FullyShardedDataParallel> sharded_;
   std::unique_ptr<DataParallel> ddp_;

@@ -44,6 +44,8 @@ struct ProcessGroup::Impl {
   bool cuda = false;
   bool loopback = false;  // gloo over 127.0.0.1 (one node)
   int64_t global_rank = 0;
+  // The world rank of each rank of this group; empty for the world itself.
+  std::vector<int64_t> members;
 };
 
 namespace {
@@ -241,12 +243,21 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name,
   std::unique_ptr<ProcessGroup> g(new ProcessGroup());
   g->impl_ = std::make_unique<Impl>(*impl_);
   g->impl_->backend.reset();
-  const auto me = std::find(ranks.begin(), ranks.end(), impl_->global_rank);
-  TORCH_CHECK(me != ranks.end(), "subgroup ", name, " does not include rank ", impl_->global_rank);
-  g->rank_ = me - ranks.begin();
+  // Ranks of this group, as world ranks (a sub-group of a sub-group names its own ranks).
+  std::vector<int64_t> world_ranks;
+  for (int64_t r : ranks) {
+    TORCH_CHECK(r >= 0 && r < size_, "subgroup ", name, ": rank ", r, " of a group of ", size_);
+    world_ranks.push_back(impl_->members.empty() ? r : impl_->members[static_cast<size_t>(r)]);
+  }
+  const auto me = std::find(world_ranks.begin(), world_ranks.end(), impl_->global_rank);
+  TORCH_CHECK(me != world_ranks.end(), "subgroup ", name, " does not include rank ",
+              impl_->global_rank);
+  g->rank_ = me - world_ranks.begin();
   g->size_ = static_cast<int64_t>(ranks.size());
+  g->impl_->members = world_ranks;
   std::string key = name + "[";
-  for (size_t i = 0; i < ranks.size(); ++i) key += (i ? "," : "") + std::to_string(ranks[i]);
+  for (size_t i = 0; i < world_ranks.size(); ++i)
+    key += (i ? "," : "") + std::to_string(world_ranks[i]);
   key += "]/";
   g->impl_->store = c10::make_intrusive<c10d::PrefixStore>(key, impl_->store);
   g->backend_name_ = backend_name_;

@@ -631,12 +631,17 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
                     "; allowed: exactly " + n + " ranks (torchrun --nproc_per_node " + n +
                     "), or --dump-schedule to print the stages and the schedule without "
                     "training");
-  if (world_size > pp)
-    throw UserError(head + " on a world of " + world +
-                    " ranks: pipeline parallelism combined with data, tensor or expert "
-                    "parallelism is not implemented yet; allowed: a pipeline over the whole "
-                    "world (pipeline_parallel_degree = " +
-                    world + ")");
+  if (world_size % pp != 0)
+    throw UserError(head + " does not divide the world size " + world +
+                    "; allowed: a divisor of the world size");
+  const DerivedConfig d = derive_config(cfg, world_size);
+  if (d.dp_shard > 1)
+    throw UserError(head + " with a data-parallel shard degree of " +
+                    std::to_string(d.dp_shard) + " (world " + world + " / pipeline " + n +
+                    "): FSDP of the pipeline stages is not implemented yet; allowed: "
+                    "parallelism.data_parallel_shard_degree = 1 with "
+                    "data_parallel_replicate_degree = " + std::to_string(world_size / pp) +
+                    " (DDP replicas of the pipeline)");
   struct Refused {
     bool on;
     const char* key;
@@ -644,8 +649,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   const Refused refused[] = {
       {p.tensor_parallel_degree > 1, "parallelism.tensor_parallel_degree > 1"},
       {p.expert_parallel_degree > 1, "parallelism.expert_parallel_degree > 1"},
-      {p.data_parallel_replicate_degree > 1, "parallelism.data_parallel_replicate_degree > 1"},
-      {p.data_parallel_shard_degree > 1, "parallelism.data_parallel_shard_degree > 1"},
       {cfg.compile.enable, "compile.enable = true"},
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
       {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
@@ -658,7 +661,8 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
       throw UserError(
           head + " with " + r.key +
           ": not implemented together with pipeline parallelism yet (issue 29); "
-          "allowed: pipeline parallelism alone, or parallelism.pipeline_parallel_degree = 1");
+          "allowed: pipeline parallelism alone or with DDP replicas, or "
+          "parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {
