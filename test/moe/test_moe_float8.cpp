@@ -26,6 +26,7 @@
 #include "core/train/capture_check.h"
 #include "moe/experts.h"
 #include "moe/float8_grouped_gemm.h"
+#include "test_capture.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -196,24 +197,14 @@ TEST_CASE("moe float8: float8 is really on, per group, and each gradient is floa
 TEST_CASE("moe float8: no host read, and every step dispatches the same ops", "[float8][moe]") {
   const Inputs in = make_inputs();
   at::Tensor w1 = in.w1.clone().requires_grad_(true);
-  CaptureCheck check(/*warmup_steps=*/1);
-  std::string err;
-  try {
-    for (int step = 0; step < 4; ++step) {
-      check.begin_step("same");
-      at::Tensor x = in.x.clone().requires_grad_(true);
-      {
-        ModuleScope m("experts");
-        at::Tensor y = grouped_swiglu(x, w1, in.w2, in.w3, in.offs, GroupedKernel::Cpu,
-                                      Float8GroupedKernel::Emulated);
-        y.backward(in.dy);
-      }
-      check.end_step();
-    }
-  } catch (const UserError& e) {
-    err = e.what();
-  }
-  INFO(err);
-  CHECK(err.empty());
-  CHECK(check.steps_compared() == 2);
+  const test::CaptureResult r = test::capture_check_steps([&] {
+    at::Tensor x = in.x.clone().requires_grad_(true);
+    ModuleScope m("experts");
+    at::Tensor y = grouped_swiglu(x, w1, in.w2, in.w3, in.offs, GroupedKernel::Cpu,
+                                  Float8GroupedKernel::Emulated);
+    y.backward(in.dy);
+  });
+  INFO(r.error);
+  CHECK(r.error.empty());
+  CHECK(r.compared == 2);
 }

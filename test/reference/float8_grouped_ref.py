@@ -22,12 +22,11 @@ Output (--out): "D.out", "D.dx", "D.dw1", "D.dw2", "D.dw3": the SwiGLU of three 
 Exits 3, printing why, when torchao 0.18 cannot be imported.
 """
 import argparse
-import sys
 
 import torch
 from safetensors.torch import load_file, save_file
+from torchao_version import require_torchao
 
-WANT = "0.18"
 E4M3 = torch.float8_e4m3fn
 
 
@@ -37,20 +36,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtypes", default="bf16,f32")
     a = ap.parse_args()
-    try:
-        import torchao
-        from torchao.float8.config import ScalingGranularity
-        from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
-        from torchao.prototype.moe_training.utils import (
-            torch_to_3d_rowwise_float8_transpose_rhs,
-            torch_to_float8_per_group_colwise,
-        )
-    except Exception as e:  # noqa: BLE001 - any import failure means "no reference here"
-        print(f"no torchao: {type(e).__name__}: {e}")
-        sys.exit(3)
-    if not torchao.__version__.startswith(WANT):
-        print(f"no torchao: found {torchao.__version__}, the reference is {WANT}.x")
-        sys.exit(3)
+    require_torchao()
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+    from torchao.prototype.moe_training.utils import (
+        torch_to_3d_rowwise_float8_transpose_rhs,
+        torch_to_float8_per_group_colwise,
+    )
 
     def axiswise(t, dim):
         """tensor_to_scale + to_fp8_saturated, axiswise over `dim`, power-of-2 scales."""

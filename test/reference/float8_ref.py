@@ -17,12 +17,10 @@ Exits 3, printing why, when torchao 0.18 cannot be imported.
 """
 import argparse
 import dataclasses
-import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-
-WANT = "0.18"
+from torchao_version import require_torchao
 
 
 def main():
@@ -32,16 +30,9 @@ def main():
     ap.add_argument("--dtypes", default="bf16,f32")
     ap.add_argument("--cases", required=True)
     a = ap.parse_args()
-    try:
-        import torchao
-        from torchao.float8.config import Float8LinearConfig
-        from torchao.float8.float8_linear import Float8Linear
-    except Exception as e:  # noqa: BLE001 - any import failure means "no reference here"
-        print(f"no torchao: {type(e).__name__}: {e}")
-        sys.exit(3)
-    if not torchao.__version__.startswith(WANT):
-        print(f"no torchao: found {torchao.__version__}, the reference is {WANT}.x")
-        sys.exit(3)
+    require_torchao()
+    from torchao.float8.config import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
 
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     t = load_file(a.inputs)

@@ -22,6 +22,7 @@
 #include "core/checkpoint/safetensors.h"
 #include "core/kernels/float8_linear.h"
 #include "core/train/capture_check.h"
+#include "test_capture.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -193,25 +194,15 @@ TEST_CASE("float8 linear: no host read, and every step dispatches the same ops",
   for (auto& c : cases()) {
     INFO(c.name());
     at::Tensor w = in.w.clone().requires_grad_(true);
-    CaptureCheck check(/*warmup_steps=*/1);
-    std::string err;
-    try {
-      for (int step = 0; step < 4; ++step) {
-        check.begin_step("same");
-        at::Tensor x = in.x.clone().requires_grad_(true);
-        {
-          ModuleScope m("float8_linear");
-          at::Tensor y = f8::float8_linear(x, w, at::Tensor(), {c.recipe, c.emulate});
-          y.backward(in.go);
-        }
-        check.end_step();
-      }
-    } catch (const UserError& e) {
-      err = e.what();
-    }
-    INFO(err);
-    CHECK(err.empty());
-    CHECK(check.steps_compared() == 2);
+    const test::CaptureResult r = test::capture_check_steps([&] {
+      at::Tensor x = in.x.clone().requires_grad_(true);
+      ModuleScope m("float8_linear");
+      at::Tensor y = f8::float8_linear(x, w, at::Tensor(), {c.recipe, c.emulate});
+      y.backward(in.go);
+    });
+    INFO(r.error);
+    CHECK(r.error.empty());
+    CHECK(r.compared == 2);
   }
 }
 
