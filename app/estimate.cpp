@@ -199,7 +199,10 @@ bool split_experts(const JobConfig& cfg) {
          cfg.parallelism.expert_parallel_degree == 1;
 }
 
-Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
+// The model as measure_activations counts it: on the meta device, cut for tensor
+// parallelism, weights in the compute dtype, the run's activation checkpointing, gradients
+// pre-allocated.
+std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl) {
   install_meta_memory_counter();
   register_meta_kernels();
   std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
@@ -217,6 +220,11 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
   }
   apply_activation_checkpointing(*m, cfg.activation_checkpoint);
   for (at::Tensor& p : m->params().tensors()) p.mutable_grad() = at::zeros_like(p);
+  return m;
+}
+
+Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
+  std::unique_ptr<Model> m = activation_model(cfg, pl);
   const auto meta_long = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
   at::Tensor tokens = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
   at::Tensor labels = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
@@ -236,6 +244,37 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
 
 void print_gib(const char* what, double bytes) {
   std::printf("  %-48s %12.6f GiB\n", what, bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
+// What a pipeline stage's forward of one micro-batch holds at its end (its blocks' saved
+// tensors; the last stage's loss too), counted as measure_activations counts the whole model:
+// `pl` is one micro-batch (local_batch = the pipeline micro-batch size).
+double stage_activations(Model& m, const Plan& pl, const PipelineStageSpec& sp) {
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  at::Tensor in = sp.has_embeddings
+                      ? at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong))
+                      : at::zeros({pl.local_batch, pl.seq_len / pl.tp, m.info().dim},
+                                  meta.dtype(m.compute_dtype()))
+                            .requires_grad_(true);
+  const int64_t base = meta_memory_stats().allocated;
+  at::Tensor out = m.forward_stage(in, sp.has_embeddings, sp.first_layer, sp.end_layer);
+  if (sp.has_head)
+    out = m.head_loss_sum(out, at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong)));
+  return static_cast<double>(meta_memory_stats().allocated - base);
+}
+
+// The most bytes of activations a pipeline rank holds at once: each forward of one of its
+// stages adds that stage's activations, each backward (B, or I) of it frees them again, in
+// the rank's schedule order.
+double peak_in_flight(const std::vector<Action>& actions, const std::vector<double>& per_stage) {
+  double now = 0, peak = 0;
+  for (const Action& a : actions) {
+    const double b = per_stage[static_cast<size_t>(a.stage)];
+    if (a.type == ActionType::kForward) now += b;
+    if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) now -= b;
+    peak = std::max(peak, now);
+  }
+  return peak;
 }
 
 
@@ -452,9 +491,36 @@ void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const Pipel
       static_cast<long long>(all_sends), static_cast<double>(all_sends) * act / kMib);
 }
 
+// Activations under pipeline parallelism: each stage's forward of one micro-batch counted on
+// the meta device, and each rank's peak over its schedule (the micro-batches it keeps in
+// flight). `inner` is the job without its pipeline degree, over `stage_world` ranks.
+void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
+                                const PipelinePlan& plan) {
+  Plan pl = make_plan(inner, stage_world);
+  pl.local_batch = inner.parallelism.pipeline_parallel_microbatch_size;
+  std::unique_ptr<Model> m = activation_model(inner, pl);
+  std::vector<double> per_stage;
+  std::printf("activations (one micro-batch of %lld x %lld through each stage, counted; then "
+              "the most a rank's schedule keeps in flight):\n",
+              static_cast<long long>(pl.local_batch), static_cast<long long>(pl.seq_len));
+  for (const PipelineStageSpec& sp : plan.stages.stages) {
+    per_stage.push_back(stage_activations(*m, pl, sp));
+    char name[48];
+    std::snprintf(name, sizeof name, "stage %lld, one micro-batch",
+                  static_cast<long long>(sp.index));
+    print_gib(name, per_stage.back());
+  }
+  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
+    char name[48];
+    std::snprintf(name, sizeof name, "pipeline rank %zu, peak in flight", r);
+    print_gib(name, peak_in_flight(plan.schedule.ranks[r], per_stage));
+  }
+}
+
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
 // the training state of each stage. The stage split, schedule and check are --dump-schedule's
-// (app/pipeline_dump.h). Activations and step time are not modelled per stage yet.
+// (app/pipeline_dump.h), then each stage's activations and each rank's peak of them. The step
+// time is not modelled under PP yet.
 int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gpu) {
   const auto& par = cfg.parallelism;
   const int64_t pp = par.pipeline_parallel_degree;
@@ -500,8 +566,7 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
   const auto units = m->param_units();
   const auto& params = m->params().all();
   std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld; "
-      "activations not modelled per stage yet):\n",
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld):\n",
       static_cast<long long>(d.dp_shard), static_cast<long long>(tp));
   std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
   for (const PipelineStageSpec& sp : st.stages) {
@@ -526,6 +591,7 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
     std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
     print_gib(name, per_rank[static_cast<size_t>(r)]);
   }
+  print_pipeline_activations(inner, world / pp, plan);
   std::printf("time: not modelled under pipeline parallelism yet (issue 29)\n");
   return 0;
 }

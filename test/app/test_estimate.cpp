@@ -249,7 +249,7 @@ TEST_CASE("estimate: the static expert exchange's buffers at the capacity factor
 // Under PP the estimate plans the pipeline as --dump-schedule does. Reference: 1F1B's bubble
 // (p-1)/(m+p-1) = 1/9 at p 2, m 8; each transfer is (1, 256, 256) bf16 = 0.125 MiB, and
 // rank 0 sends 8 activations and receives 8 gradients.
-TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes and memory per stage",
+TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes, memory and activations",
           "[app][estimate][pp]") {
   using Catch::Matchers::Contains;
   auto r = estimate(
@@ -264,6 +264,23 @@ TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes and memory p
                                  "receives 0 + 8 (1.000 MiB)") &&
                         Contains("16 transfers, 2.000 MiB per step") &&
                         Contains("stage 1 (rank 1)") && Contains("pipeline rank 1, its stages"));
+  // Activations (printed to 1e-6 GiB): rank 0 of 1F1B keeps p - 0 = 2 micro-batches of stage 0
+  // in flight, GPipe
+  // all 8; the last rank one.
+  auto gib = [](const std::string& out, const std::string& label) {
+    const auto at = out.find(label);
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 48));
+  };
+  const double stage0 = gib(r.out, "stage 0, one micro-batch");
+  CHECK(stage0 > 0);
+  CHECK(gib(r.out, "pipeline rank 0, peak in flight") == Approx(2 * stage0).margin(1e-5));
+  CHECK(gib(r.out, "pipeline rank 1, peak in flight") ==
+        Approx(gib(r.out, "stage 1, one micro-batch")).margin(1e-5));
+  auto gpipe = estimate(
+      "--config configs/llama3_debug.toml --world 2 --parallelism.pipeline_parallel_degree 2 "
+      "--parallelism.pipeline_parallel_schedule GPipe");
+  INFO(gpipe.out);
+  CHECK(gib(gpipe.out, "pipeline rank 0, peak in flight") == Approx(8 * stage0).margin(2e-5));
   auto zbv = estimate(
       "--config configs/llama3_debug.toml --world 2 "
       "--parallelism.pipeline_parallel_degree 2 "
