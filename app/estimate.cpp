@@ -20,6 +20,7 @@
 #include "core/train/model.h"
 #include "models/moe_model.h"
 #include "models/registry.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -55,6 +56,7 @@ Gpu gpu_named(const std::string& g) {
 
 struct Plan {
   int64_t world = 1, replicate = 1, shard = 1, ep = 1, tp = 1;
+  int64_t cp = 1;  // context parallel; `shard` is FSDP's group, dp_shard x cp (parallel/mesh.h)
   int64_t micro_batches = 1, local_batch = 1, seq_len = 1;
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
@@ -163,7 +165,8 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   const DerivedConfig d = derive_config(cfg, world);
   Plan pl;
   pl.world = world;
-  pl.shard = d.dp_shard;
+  pl.cp = cfg.parallelism.context_parallel_degree;
+  pl.shard = d.dp_shard * pl.cp;
   pl.replicate = cfg.parallelism.data_parallel_replicate_degree;
   pl.ep = cfg.parallelism.expert_parallel_degree;
   pl.tp = cfg.parallelism.tensor_parallel_degree;
@@ -209,6 +212,12 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
     m->set_tensor_parallel(comm);
     if (m->tp_plan().split_experts) m->set_expert_tensor_parallel(comm);
   }
+  // Context parallel: the rank's T/cp tokens of each sequence, keys and values gathered to T
+  // (counted as the gathered tensors the attention saves).
+  if (pl.cp > 1)
+    m->set_context_parallel(std::make_shared<ContextParallel>(
+        std::make_shared<ShapeOnlyTensorParallel>(pl.cp),
+        cp_balancer(cfg.parallelism.context_parallel_load_balancer)));
   if (pl.param_bytes == 2) {
     // bf16 weights as FSDP gathers them (and as the cast cache holds them without FSDP,
     // counted separately): neither the casts nor the weights a GEMM saves are activations.
@@ -341,9 +350,11 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
     std::printf("shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
                 "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
                 state / kGib, static_cast<long long>(pl.shard));
-  std::printf("raise parallelism.tensor_parallel_degree (now %lld); lower "
-              "training.local_batch_size (now %lld) or training.seq_len (now %lld)",
-              static_cast<long long>(pl.tp), static_cast<long long>(cfg.training.local_batch_size),
+  std::printf("raise parallelism.tensor_parallel_degree (now %lld) or context_parallel_degree "
+              "(now %lld); lower training.local_batch_size (now %lld) or training.seq_len (now "
+              "%lld)",
+              static_cast<long long>(pl.tp), static_cast<long long>(pl.cp),
+              static_cast<long long>(cfg.training.local_batch_size),
               static_cast<long long>(cfg.training.seq_len));
   if (pl.ac != "full")
     std::printf("; set activation_checkpoint.mode = \"full\" (now \"%s\")", pl.ac.c_str());
@@ -352,10 +363,11 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
 
 void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu& g,
                 const std::string& gpu) {
-  // A dp rank's tokens are shared by its tp ranks, each doing 1/tp of every matmul.
+  // A dp rank's tokens are shared by its cp ranks (each its slice of every sequence, the
+  // head-tail balancer evening the attention) and its tp ranks (1/tp of every matmul).
   const double tokens = static_cast<double>(pl.micro_batches * pl.local_batch * pl.seq_len);
   const double fpt = static_cast<double>(info.flops_per_token(pl.seq_len));
-  const double rank_flops = fpt * tokens / static_cast<double>(pl.tp);
+  const double rank_flops = fpt * tokens / static_cast<double>(pl.tp * pl.cp);
   const double compute_s = rank_flops / (g.peak_flops * g.efficiency);
   // TP stays inside a node (NVLink); FSDP/HSDP cross nodes once the world exceeds one.
   const bool intra = pl.world <= g.per_node;
@@ -547,10 +559,11 @@ int run_estimate_command(int argc, char** argv) {
   const Activations act = measure_activations(cfg, pl);
   std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
               static_cast<long long>(a.world), a.gpu.c_str());
-  std::printf("  plan: dp_replicate %lld x dp_shard %lld x tp %lld (ep %lld), %lld micro-batch(es) "
-              "of %lld x %lld tokens, activation checkpointing %s\n",
-              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard),
-              static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
+  std::printf("  plan: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld (ep %lld), %lld "
+              "micro-batch(es) of %lld x %lld tokens, activation checkpointing %s\n",
+              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp),
+              static_cast<long long>(pl.cp), static_cast<long long>(pl.tp),
+              static_cast<long long>(pl.ep),
               static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
               static_cast<long long>(pl.seq_len), pl.ac.c_str());
   const double total = print_memory(pl, s, act);

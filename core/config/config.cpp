@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <toml++/toml.h>
 
@@ -436,6 +437,7 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   d.dp_shard = p.data_parallel_shard_degree == -1
                    ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree *
+                                                           p.context_parallel_degree *
                                                            p.tensor_parallel_degree)
                    : p.data_parallel_shard_degree;
   d.dp_degree = p.data_parallel_replicate_degree * d.dp_shard;
@@ -480,6 +482,48 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
                       " does not split over parallelism.tensor_parallel_degree = " +
                       std::to_string(tp) + " (sequence parallel); allowed: a multiple of " +
                       std::to_string(tp));
+}
+
+// Context parallelism: the balancer and exchange built, and sequences that split into the
+// balancer's chunks (and each rank's slice over the tp ranks).
+static void validate_context_parallel(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  const int64_t cp = p.context_parallel_degree;
+  if (p.context_parallel_load_balancer == "ptrr")
+    throw UserError("parallelism.context_parallel_load_balancer = \"ptrr\" is not implemented "
+                    "yet (it balances flex-attention document masks); allowed: headtail, none");
+  if (p.context_parallel_rotate_method == "alltoall")
+    throw UserError("parallelism.context_parallel_rotate_method = \"alltoall\" is not "
+                    "implemented yet; allowed: allgather");
+  if (cp == 1) return;
+  const bool headtail = p.context_parallel_load_balancer == "headtail";
+  const int64_t unit = (headtail ? 2 * cp : cp) * p.tensor_parallel_degree;
+  for (const auto& [key, len, used] :
+       {std::make_tuple("training.seq_len", cfg.training.seq_len, true),
+        std::make_tuple("validation.seq_len", cfg.validation.seq_len, cfg.validation.enable)})
+    if (used && len % unit != 0)
+      throw UserError(std::string(key) + " = " + std::to_string(len) +
+                      " does not split over parallelism.context_parallel_degree = " +
+                      std::to_string(cp) + " (" +
+                      (headtail ? "2 x cp head-tail chunks" : "cp chunks") +
+                      (p.tensor_parallel_degree > 1 ? ", each over tensor_parallel_degree" : "") +
+                      "); allowed: a multiple of " + std::to_string(unit));
+  if (p.pipeline_parallel_degree > 1)
+    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
+                    " with parallelism.pipeline_parallel_degree = " +
+                    std::to_string(p.pipeline_parallel_degree) +
+                    ": context parallelism in a pipeline is not implemented yet; allowed: one of "
+                    "them at 1");
+  if (p.expert_parallel_degree > 1)
+    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
+                    " with parallelism.expert_parallel_degree = " +
+                    std::to_string(p.expert_parallel_degree) +
+                    ": expert parallelism over context-parallel ranks is not implemented yet; "
+                    "allowed: one of them at 1");
+  if (cfg.compile.enable)
+    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
+                    " with compile.enable = true: the captured step has not been checked with "
+                    "context parallelism yet; allowed: compile.enable = false");
 }
 
 namespace {
@@ -545,6 +589,7 @@ void validate_config(const JobConfig& cfg) {
         " (experts borrow ranks from data_parallel_shard_degree)");
   const auto& t = cfg.training;
   validate_tensor_parallel(cfg);
+  validate_context_parallel(cfg);
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
                     " is not a multiple of local_batch_size (" +
@@ -591,7 +636,8 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
         ": pipeline training is not implemented yet (issue 29); allowed: 1. Add --dump-schedule "
         "to print the stage split and the schedule this config would run, without training");
   if (p.data_parallel_shard_degree == -1 &&
-      world_size % (p.data_parallel_replicate_degree * p.tensor_parallel_degree) != 0)
+      world_size % (p.data_parallel_replicate_degree * p.context_parallel_degree *
+                    p.tensor_parallel_degree) != 0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
                     (p.tensor_parallel_degree > 1
@@ -602,13 +648,14 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
     throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
                     "; allowed: a single process (as torchtitan, the seed is written unsharded)");
   DerivedConfig d = derive_config(cfg, world_size);
-  const int64_t tp = p.tensor_parallel_degree;
-  if (d.dp_degree * tp != world_size)
+  const int64_t tp = p.tensor_parallel_degree, cp = p.context_parallel_degree;
+  if (d.dp_degree * cp * tp != world_size)
     throw UserError("parallelism: data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
                     ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +
+                    (cp > 1 ? " x context_parallel_degree (" + std::to_string(cp) + ")" : "") +
                     (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") +
-                    " = " + std::to_string(d.dp_degree * tp) + ", but the world size is " +
+                    " = " + std::to_string(d.dp_degree * cp * tp) + ", but the world size is " +
                     world + "; allowed: a product equal to the world size");
   if (d.dp_shard % p.expert_parallel_degree != 0)
     throw UserError(

@@ -176,12 +176,16 @@ at::Tensor Model::compute_weight(int64_t i) const {
 }
 
 at::Tensor Model::forward(const at::Tensor& tokens) {
-  Head o = forward_head(tokens);
-  if (tp_) return tp_->gather_last(at::linear(seq_gather(o.h), o.w));  // vocab slices joined
-  return at::linear(o.h, o.w);  // (B, T, V)
+  Head o = forward_head(cp_ ? cp_->shard(tokens) : tokens);
+  at::Tensor logits = tp_ ? tp_->gather_last(at::linear(seq_gather(o.h), o.w))  // vocab joined
+                          : at::linear(o.h, o.w);                              // (B, T, V)
+  return cp_ ? cp_->unshard(logits) : logits;
 }
 
-at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
+at::Tensor Model::token_loss_sum(const at::Tensor& tokens_in, const at::Tensor& labels_in) {
+  // Context parallel: this rank's tokens and their labels, the same cut.
+  const at::Tensor tokens = cp_ ? cp_->shard(tokens_in) : tokens_in;
+  const at::Tensor labels = cp_ ? cp_->shard(labels_in) : labels_in;
   Head o = forward_head(tokens);
   ModuleScope scope("output");
   if (tp_) {
