@@ -37,10 +37,6 @@ std::vector<int64_t> gathered_positions(int64_t T, int64_t cp, CpBalancer b) {
   return all;
 }
 
-at::Tensor to_tensor(const std::vector<int64_t>& v, at::Device device) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
-}
-
 }  // namespace
 
 const at::Tensor& ContextParallel::cached(const std::string& kind, int64_t local,
@@ -49,6 +45,9 @@ const at::Tensor& ContextParallel::cached(const std::string& kind, int64_t local
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   const int64_t T = local * size();
+  auto to_tensor = [](const std::vector<int64_t>& v, at::Device d) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(d);
+  };
   at::Tensor t;
   if (kind == "positions") {
     t = to_tensor(cp_positions(T, size(), rank(), balancer_), device);

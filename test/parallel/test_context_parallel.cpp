@@ -22,7 +22,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-test::CmdResult titan(const std::string& args) {
+test::CmdResult titan_run(const std::string& args) {
   return test::run("cd " + test::source_dir() +
                    " && env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK " +
                    test::binary() + " " + args);
@@ -117,13 +117,13 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
        "parallelism.context_parallel_degree = 2 with compile.enable = true"},
   };
   for (const Case& c : cases) {
-    auto r = titan("--config configs/llama3_debug.toml " + c.flags + " --dump-config");
+    auto r = titan_run("--config configs/llama3_debug.toml " + c.flags + " --dump-config");
     INFO(c.flags << "\n" << r.out);
     CHECK(r.rc == 2);
     CHECK_THAT(r.out, Contains(c.text));
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
-  auto ok = titan("--config configs/llama3_debug.toml --parallelism.context_parallel_degree 2 "
+  auto ok = titan_run("--config configs/llama3_debug.toml --parallelism.context_parallel_degree 2 "
                   "--parallelism.context_parallel_load_balancer none --dump-config");
   INFO(ok.out);
   CHECK(ok.rc == 0);
@@ -162,7 +162,7 @@ TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deeps
         std::string(model) + " ";
     test::TempDir one("cp_ref");
     auto r1 =
-        titan(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
+        titan_run(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
     INFO(r1.out);
     REQUIRE(r1.rc == 0);
     auto ref = metrics(one.file("metrics.jsonl"));
