@@ -520,10 +520,6 @@ static void validate_context_parallel(const JobConfig& cfg) {
                     std::to_string(p.expert_parallel_degree) +
                     ": expert parallelism over context-parallel ranks is not implemented yet; "
                     "allowed: one of them at 1");
-  if (cfg.compile.enable)
-    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
-                    " with compile.enable = true: the captured step has not been checked with "
-                    "context parallelism yet; allowed: compile.enable = false");
 }
 
 namespace {
