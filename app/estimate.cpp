@@ -350,12 +350,13 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
     std::printf("shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
                 "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
                 state / kGib, static_cast<long long>(pl.shard));
-  std::printf("raise parallelism.tensor_parallel_degree (now %lld) or context_parallel_degree "
-              "(now %lld); lower training.local_batch_size (now %lld) or training.seq_len (now "
-              "%lld)",
-              static_cast<long long>(pl.tp), static_cast<long long>(pl.cp),
-              static_cast<long long>(cfg.training.local_batch_size),
-              static_cast<long long>(cfg.training.seq_len));
+  std::printf(
+      "raise parallelism.tensor_parallel_degree (now %lld) or context_parallel_degree "
+      "(now %lld); lower training.local_batch_size (now %lld) or training.seq_len (now "
+      "%lld)",
+      static_cast<long long>(pl.tp), static_cast<long long>(pl.cp),
+      static_cast<long long>(cfg.training.local_batch_size),
+      static_cast<long long>(cfg.training.seq_len));
   if (pl.ac != "full")
     std::printf("; set activation_checkpoint.mode = \"full\" (now \"%s\")", pl.ac.c_str());
   std::printf("\n");
@@ -559,13 +560,13 @@ int run_estimate_command(int argc, char** argv) {
   const Activations act = measure_activations(cfg, pl);
   std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
               static_cast<long long>(a.world), a.gpu.c_str());
-  std::printf("  plan: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld (ep %lld), %lld "
-              "micro-batch(es) of %lld x %lld tokens, activation checkpointing %s\n",
-              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp),
-              static_cast<long long>(pl.cp), static_cast<long long>(pl.tp),
-              static_cast<long long>(pl.ep),
-              static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
-              static_cast<long long>(pl.seq_len), pl.ac.c_str());
+  std::printf(
+      "  plan: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld (ep %lld), %lld "
+      "micro-batch(es) of %lld x %lld tokens, activation checkpointing %s\n",
+      static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp),
+      static_cast<long long>(pl.cp), static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
+      static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
+      static_cast<long long>(pl.seq_len), pl.ac.c_str());
   const double total = print_memory(pl, s, act);
   print_fit(cfg, pl, s, total, g, a.gpu);
   print_exchange(cfg, pl, *m);

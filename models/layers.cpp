@@ -62,8 +62,8 @@ static at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const a
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   at::Tensor kg = cp.gather_kv(k), vg = cp.gather_kv(v);  // (B, T * cp, Hkv, D)
   at::Tensor mask = cp.causal_mask(T, q.device());        // (T, T * cp)
-  at::Tensor o = masked_sdpa(q.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), mask,
-                             scale, /*enable_gqa=*/Hkv != H);
+  at::Tensor o = masked_sdpa(q.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), mask, scale,
+                             /*enable_gqa=*/Hkv != H);
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 

@@ -6,7 +6,8 @@ namespace titan {
 
 std::string Mesh::describe() const {
   return "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard / cp) +
-         (cp > 1 ? " x cp " + std::to_string(cp) : "") + (tp > 1 ? " x tp " + std::to_string(tp) : "") + " (ep " + std::to_string(ep) +
+         (cp > 1 ? " x cp " + std::to_string(cp) : "") +
+         (tp > 1 ? " x tp " + std::to_string(tp) : "") + " (ep " + std::to_string(ep) +
          " x efsdp " + std::to_string(efsdp()) + ")";
 }
 
@@ -15,8 +16,8 @@ void Mesh::start_training() {
   for (auto& g : owned) g->start_training();
 }
 
-std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard,
-                                 int64_t ep, int64_t tp, int64_t cp) {
+std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep,
+                                 int64_t tp, int64_t cp) {
   shard *= cp;  // context parallelism folds into the shard dimension (mesh.h)
   TORCH_CHECK(replicate * shard * tp == world.size() && shard % ep == 0,
               "inconsistent mesh degrees");

@@ -490,11 +490,13 @@ static void validate_context_parallel(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   const int64_t cp = p.context_parallel_degree;
   if (p.context_parallel_load_balancer == "ptrr")
-    throw UserError("parallelism.context_parallel_load_balancer = \"ptrr\" is not implemented "
-                    "yet (it balances flex-attention document masks); allowed: headtail, none");
+    throw UserError(
+        "parallelism.context_parallel_load_balancer = \"ptrr\" is not implemented "
+        "yet (it balances flex-attention document masks); allowed: headtail, none");
   if (p.context_parallel_rotate_method == "alltoall")
-    throw UserError("parallelism.context_parallel_rotate_method = \"alltoall\" is not "
-                    "implemented yet; allowed: allgather");
+    throw UserError(
+        "parallelism.context_parallel_rotate_method = \"alltoall\" is not "
+        "implemented yet; allowed: allgather");
   if (cp == 1) return;
   const bool headtail = p.context_parallel_load_balancer == "headtail";
   const int64_t unit = (headtail ? 2 * cp : cp) * p.tensor_parallel_degree;
@@ -502,12 +504,12 @@ static void validate_context_parallel(const JobConfig& cfg) {
        {std::make_tuple("training.seq_len", cfg.training.seq_len, true),
         std::make_tuple("validation.seq_len", cfg.validation.seq_len, cfg.validation.enable)})
     if (used && len % unit != 0)
-      throw UserError(std::string(key) + " = " + std::to_string(len) +
-                      " does not split over parallelism.context_parallel_degree = " +
-                      std::to_string(cp) + " (" +
-                      (headtail ? "2 x cp head-tail chunks" : "cp chunks") +
-                      (p.tensor_parallel_degree > 1 ? ", each over tensor_parallel_degree" : "") +
-                      "); allowed: a multiple of " + std::to_string(unit));
+      throw UserError(
+          std::string(key) + " = " + std::to_string(len) +
+          " does not split over parallelism.context_parallel_degree = " + std::to_string(cp) +
+          " (" + (headtail ? "2 x cp head-tail chunks" : "cp chunks") +
+          (p.tensor_parallel_degree > 1 ? ", each over tensor_parallel_degree" : "") +
+          "); allowed: a multiple of " + std::to_string(unit));
   if (p.pipeline_parallel_degree > 1)
     throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
                     " with parallelism.pipeline_parallel_degree = " +
@@ -515,11 +517,11 @@ static void validate_context_parallel(const JobConfig& cfg) {
                     ": context parallelism in a pipeline is not implemented yet; allowed: one of "
                     "them at 1");
   if (p.expert_parallel_degree > 1)
-    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
-                    " with parallelism.expert_parallel_degree = " +
-                    std::to_string(p.expert_parallel_degree) +
-                    ": expert parallelism over context-parallel ranks is not implemented yet; "
-                    "allowed: one of them at 1");
+    throw UserError(
+        "parallelism.context_parallel_degree = " + std::to_string(cp) +
+        " with parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
+        ": expert parallelism over context-parallel ranks is not implemented yet; "
+        "allowed: one of them at 1");
 }
 
 namespace {
@@ -633,7 +635,8 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
         "to print the stage split and the schedule this config would run, without training");
   if (p.data_parallel_shard_degree == -1 &&
       world_size % (p.data_parallel_replicate_degree * p.context_parallel_degree *
-                    p.tensor_parallel_degree) != 0)
+                    p.tensor_parallel_degree) !=
+          0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
                     (p.tensor_parallel_degree > 1

@@ -178,7 +178,7 @@ at::Tensor Model::compute_weight(int64_t i) const {
 at::Tensor Model::forward(const at::Tensor& tokens) {
   Head o = forward_head(cp_ ? cp_->shard(tokens) : tokens);
   at::Tensor logits = tp_ ? tp_->gather_last(at::linear(seq_gather(o.h), o.w))  // vocab joined
-                          : at::linear(o.h, o.w);                              // (B, T, V)
+                          : at::linear(o.h, o.w);                               // (B, T, V)
   return cp_ ? cp_->unshard(logits) : logits;
 }
 

@@ -159,8 +159,8 @@ class Model {
   at::Tensor forward(const at::Tensor& tokens);
   // The training and validation loss: the sum over tokens of the fp32 cross-entropy of the
   // logits against labels (B, T) (label -100 ignored), as a 0-d fp32 tensor. By default the
-  // output projection and the loss run fused and chunked over tokens (core/kernels/fused_loss.h), so
-  // the (B, T, vocab) logits never exist; the same numbers as
+  // output projection and the loss run fused and chunked over tokens (core/kernels/fused_loss.h),
+  // so the (B, T, vocab) logits never exist; the same numbers as
   // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding. Under context
   // parallelism: the sum over this rank's tokens only (the cp ranks' sums add up to it).
   at::Tensor token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels);

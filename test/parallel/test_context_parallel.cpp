@@ -121,8 +121,9 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
     CHECK_THAT(r.out, Contains(c.text));
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
-  auto ok = titan_run("--config configs/llama3_debug.toml --parallelism.context_parallel_degree 2 "
-                  "--parallelism.context_parallel_load_balancer none --dump-config");
+  auto ok = titan_run(
+      "--config configs/llama3_debug.toml --parallelism.context_parallel_degree 2 "
+      "--parallelism.context_parallel_load_balancer none --dump-config");
   INFO(ok.out);
   CHECK(ok.rc == 0);
   CHECK_THAT(ok.out, Contains("context_parallel_degree = 2"));
@@ -147,8 +148,7 @@ TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deeps
        cp2 + "--training.local_batch_size 4 --parallelism.context_parallel_load_balancer none",
        "contiguous chunks"},
       {"fsdp2xcp2", 4, cp2 + "--training.local_batch_size 2", "dp_shard 2 x cp 2"},
-      {"tp2xcp2", 4,
-       cp2 + "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2",
+      {"tp2xcp2", 4, cp2 + "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2",
        "dp_shard 1 x cp 2 x tp 2"},
   };
   // Plain loops, not sections: each reference run is made once.
@@ -202,8 +202,8 @@ TEST_CASE("CP 2 under the capture check is static, reads nothing on the host, an
   auto r1 = titan_run(common + "--job.dump_folder " + one.path.string());
   INFO(r1.out);
   REQUIRE(r1.rc == 0);
-  auto r2 = torchrun_train(2, common + "--parallelism.context_parallel_degree 2 --job.dump_folder " +
-                                  two.path.string());
+  auto r2 = torchrun_train(
+      2, common + "--parallelism.context_parallel_degree 2 --job.dump_folder " + two.path.string());
   INFO(r2.out);
   REQUIRE(r2.rc == 0);
   CHECK_THAT(r2.out, Contains("capture check: 4 steps compared"));
@@ -216,8 +216,10 @@ TEST_CASE("CP 2 under the capture check is static, reads nothing on the host, an
     loss = std::max(loss, std::abs(b.at(step).first - s.first) / std::abs(s.first));
     norm = std::max(norm, std::abs(b.at(step).second - s.second) / std::abs(s.second));
   }
-  WARN("CP 2 vs 1 rank under the capture check (bf16 compute), max relative difference over 6 "
-       "steps: loss " << loss << ", grad norm " << norm);
+  WARN(
+      "CP 2 vs 1 rank under the capture check (bf16 compute), max relative difference over 6 "
+      "steps: loss "
+      << loss << ", grad norm " << norm);
   CHECK(loss < 1e-4);
   CHECK(norm < 1e-3);
 }
