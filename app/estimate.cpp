@@ -560,11 +560,12 @@ int run_estimate_command(int argc, char** argv) {
   const Activations act = measure_activations(cfg, pl);
   std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
               static_cast<long long>(a.world), a.gpu.c_str());
+  const std::string cp = pl.cp > 1 ? " x cp " + std::to_string(pl.cp) : "";
   std::printf(
-      "  plan: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld (ep %lld), %lld "
+      "  plan: dp_replicate %lld x dp_shard %lld%s x tp %lld (ep %lld), %lld "
       "micro-batch(es) of %lld x %lld tokens, activation checkpointing %s\n",
-      static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp),
-      static_cast<long long>(pl.cp), static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
+      static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp), cp.c_str(),
+      static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
       static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
       static_cast<long long>(pl.seq_len), pl.ac.c_str());
   const double total = print_memory(pl, s, act);
