@@ -366,7 +366,7 @@ void Trainer::parallelize() {
                       " does not divide the " + std::to_string(E) + " experts of " +
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
-                      std::to_string(d_.dp_shard));
+                      std::to_string(d_.dp_shard * cp_));
     if (mesh_) set_expert_exchange(*mesh_->ep_group);
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {

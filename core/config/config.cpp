@@ -516,12 +516,6 @@ static void validate_context_parallel(const JobConfig& cfg) {
                     std::to_string(p.pipeline_parallel_degree) +
                     ": context parallelism in a pipeline is not implemented yet; allowed: one of "
                     "them at 1");
-  if (p.expert_parallel_degree > 1)
-    throw UserError(
-        "parallelism.context_parallel_degree = " + std::to_string(cp) +
-        " with parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        ": expert parallelism over context-parallel ranks is not implemented yet; "
-        "allowed: one of them at 1");
 }
 
 namespace {
@@ -580,11 +574,13 @@ void validate_config(const JobConfig& cfg) {
     throw UserError(
         "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 (the rest of "
         "the world) or a positive degree");
-  if (p.data_parallel_shard_degree > 0 && p.data_parallel_shard_degree % p.expert_parallel_degree)
+  // Experts borrow ranks from FSDP's shard dimension, dp_shard x cp (parallel/mesh.h).
+  const int64_t shard_cp = p.data_parallel_shard_degree * p.context_parallel_degree;
+  if (p.data_parallel_shard_degree > 0 && shard_cp % p.expert_parallel_degree)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
-        " (experts borrow ranks from data_parallel_shard_degree)");
+        " must divide the shard degree " + std::to_string(shard_cp) +
+        " (experts borrow ranks from data_parallel_shard_degree x context_parallel_degree)");
   const auto& t = cfg.training;
   validate_tensor_parallel(cfg);
   validate_context_parallel(cfg);
@@ -656,11 +652,12 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
                     (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") +
                     " = " + std::to_string(d.dp_degree * cp * tp) + ", but the world size is " +
                     world + "; allowed: a product equal to the world size");
-  if (d.dp_shard % p.expert_parallel_degree != 0)
+  if ((d.dp_shard * cp) % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(d.dp_shard) + " of the world size " +
-        world + " (experts borrow ranks from data_parallel_shard_degree)");
+        " must divide the shard degree " + std::to_string(d.dp_shard * cp) +
+        " of the world size " + world +
+        " (experts borrow ranks from data_parallel_shard_degree x context_parallel_degree)");
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   if (d.global_batch % per_micro != 0)
     throw UserError("training.global_batch_size = " + std::to_string(d.global_batch) +

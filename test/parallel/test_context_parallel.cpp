@@ -1,7 +1,8 @@
 // Context parallelism (parallel/context_parallel.h, core/train/context_parallel.h): the
 // head-tail balancer's slices and the equal causal work it promises, the option checks (exit
-// 2 naming the keys), and training through the binary: CP 2, CP 2 x FSDP 2 and TP 2 x CP 2
-// against one process on the same global batch (losses and gradient norms to 1e-5).
+// 2 naming the keys), and training through the binary: CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and
+// (deepseek_v3) CP 2 x EP 2 and FSDP 2 x CP 2 x EP 4 against one process on the same global
+// batch (losses and gradient norms to 1e-5), and CP 2 under the capture check.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -111,8 +112,10 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
        "parallelism.context_parallel_rotate_method"},
       {"--parallelism.context_parallel_degree 2 --training.seq_len 66",
        "training.seq_len = 66 does not split over parallelism.context_parallel_degree = 2"},
-      {"--parallelism.context_parallel_degree 2 --parallelism.expert_parallel_degree 2",
-       "parallelism.context_parallel_degree = 2 with parallelism.expert_parallel_degree = 2"},
+      {"--parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
+       "--parallelism.expert_parallel_degree 4",
+       "parallelism.expert_parallel_degree = 4 must divide the shard degree 2 (experts borrow "
+       "ranks from data_parallel_shard_degree x context_parallel_degree)"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config configs/llama3_debug.toml " + c.flags + " --dump-config");
@@ -129,7 +132,7 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
   CHECK_THAT(ok.out, Contains("context_parallel_degree = 2"));
 }
 
-TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deepseek_v3",
+TEST_CASE("CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and CP 2 x EP match 1 rank for llama3 and deepseek_v3",
           "[cp][dist]") {
   // The same global batch of 4 sequences of 64 tokens, 4 steps. CP 2 is one dp rank (both cp
   // ranks read the same windows and run 32 tokens of each); CP 2 x FSDP 2 two dp ranks of
@@ -140,6 +143,7 @@ TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deeps
     int nproc;
     std::string flags;
     const char* describes;
+    bool moe_only = false;  // expert parallelism: deepseek_v3 only
   };
   const std::string cp2 = "--parallelism.context_parallel_degree 2 ";
   const std::vector<Layout> layouts = {
@@ -150,6 +154,12 @@ TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deeps
       {"fsdp2xcp2", 4, cp2 + "--training.local_batch_size 2", "dp_shard 2 x cp 2"},
       {"tp2xcp2", 4, cp2 + "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2",
        "dp_shard 1 x cp 2 x tp 2"},
+      // Experts borrow from dp_shard x cp: ep 2 over the two cp ranks, ep 4 over all four.
+      {"cp2xep2", 2, cp2 + "--training.local_batch_size 4 --parallelism.expert_parallel_degree 2",
+       "dp_shard 1 x cp 2 (ep 2 x efsdp 1)", true},
+      {"fsdp2xcp2xep4", 4,
+       cp2 + "--training.local_batch_size 2 --parallelism.expert_parallel_degree 4",
+       "dp_shard 2 x cp 2 (ep 4 x efsdp 1)", true},
   };
   // Plain loops, not sections: each reference run is made once.
   for (const char* model : {"llama3", "deepseek_v3"}) {
@@ -166,6 +176,7 @@ TEST_CASE("CP 2, CP 2 x FSDP 2 and TP 2 x CP 2 match 1 rank for llama3 and deeps
     auto ref = metrics(one.file("metrics.jsonl"));
     REQUIRE(ref.size() == 4);
     for (const Layout& l : layouts) {
+      if (l.moe_only && std::string(model) != "deepseek_v3") continue;
       test::TempDir dir(l.name);
       auto r =
           torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
