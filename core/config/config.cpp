@@ -655,8 +655,8 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   if ((d.dp_shard * cp) % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(d.dp_shard * cp) +
-        " of the world size " + world +
+        " must divide the shard degree " + std::to_string(d.dp_shard * cp) + " of the world size " +
+        world +
         " (experts borrow ranks from data_parallel_shard_degree x context_parallel_degree)");
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   if (d.global_batch % per_micro != 0)

@@ -286,10 +286,11 @@ TEST_CASE("estimate: context parallelism divides activations and FLOPs per rank 
   // counted activations fall to 1/cp of cp 1's plus at most about that gathered 1 GiB and
   // its transients; FSDP shards over dp_shard x cp, so the parameters per rank stay the same.
   auto run = [](int cp) {
-    auto r = estimate("--config configs/llama3_8b.toml --world 8 --compile.enable false "
-                      "--activation_checkpoint.mode none --training.seq_len 8192 "
-                      "--parallelism.context_parallel_degree " +
-                      std::to_string(cp));
+    auto r = estimate(
+        "--config configs/llama3_8b.toml --world 8 --compile.enable false "
+        "--activation_checkpoint.mode none --training.seq_len 8192 "
+        "--parallelism.context_parallel_degree " +
+        std::to_string(cp));
     INFO(r.out);
     REQUIRE(r.rc == 0);
     return r.out;
@@ -300,7 +301,7 @@ TEST_CASE("estimate: context parallelism divides activations and FLOPs per rank 
   const std::string held = R"(activations held after forward \(counted\))";
   const double a1 = gib_of(one, held), a2 = gib_of(two, held), a4 = gib_of(four, held);
   WARN("activations held after forward, cp 1 / 2 / 4: " << a1 << " / " << a2 << " / " << a4
-                                                         << " GiB");
+                                                        << " GiB");
   CHECK(a2 > a1 / 2);
   CHECK(a2 < a1 / 2 + 2.0);
   CHECK(a4 > a1 / 4);
