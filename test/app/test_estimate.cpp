@@ -278,8 +278,9 @@ TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes and memory p
   CHECK_THAT(odd.out, Contains("not a multiple of parallelism.pipeline_parallel_degree = 2"));
 }
 
-TEST_CASE("estimate: context parallelism divides activations and FLOPs per rank by about cp",
-          "[app][estimate][cp]") {
+TEST_CASE(
+    "estimate: context parallelism divides activations and FLOPs by about cp, counts K/V bytes",
+    "[app][estimate][cp]") {
   // llama3 8B at 8192 tokens without activation checkpointing, 8 ranks: cp ranks run T/cp
   // tokens each (counted on the meta device), plus the gathered keys and values attention
   // saves (whole T: 32 layers x 2 x 8192 x 8 kv heads x 128 x 2 bytes = 1 GiB), so the
@@ -310,4 +311,11 @@ TEST_CASE("estimate: context parallelism divides activations and FLOPs per rank 
   CHECK(gib_of(two, params) == Approx(gib_of(one, params)).epsilon(1e-3));
   CHECK_THAT(one, Catch::Matchers::Contains("4.744e+14 FLOPs per rank"));
   CHECK_THAT(two, Catch::Matchers::Contains("2.372e+14 FLOPs per rank"));
+  // K/V bytes a rank sends: per layer its K and V shards (8192/cp tokens x 8 kv heads x 128
+  // x 2 bytes each) to cp - 1 ranks in the all-gather, the same again in the gradients'
+  // reduce-scatter, over 32 layers: cp 2: 2 x 2 x 4096 x 1024 x 2 x 32 = 1073741824;
+  // cp 4: 2 x 3 x 2 x 2048 x 1024 x 2 x 32 = 1610612736.
+  CHECK_THAT(one, !Catch::Matchers::Contains("context parallel per step"));
+  CHECK_THAT(two, Catch::Matchers::Contains("context parallel per step: 1.074e+09 bytes sent"));
+  CHECK_THAT(four, Catch::Matchers::Contains("context parallel per step: 1.611e+09 bytes sent"));
 }
