@@ -152,6 +152,14 @@ TEST_CASE("CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and CP 2 x EP match 1 rank for llama
        cp2 + "--training.local_batch_size 4 --parallelism.context_parallel_load_balancer none",
        "contiguous chunks"},
       {"fsdp2xcp2", 4, cp2 + "--training.local_batch_size 2", "dp_shard 2 x cp 2"},
+      // Checkpointing recomputes the K/V gather (full) or replays the block with the cp
+      // attention off the op tape (op); the reference runs without checkpointing.
+      {"cp2_full_ac", 2, cp2 + "--training.local_batch_size 4 --activation_checkpoint.mode full",
+       "dp_shard 1 x cp 2"},
+      {"cp2_op_ac", 2,
+       cp2 + "--training.local_batch_size 4 --activation_checkpoint.mode selective "
+             "--activation_checkpoint.selective_ac_option op",
+       "dp_shard 1 x cp 2"},
       {"tp2xcp2", 4, cp2 + "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2",
        "dp_shard 1 x cp 2 x tp 2"},
       // Experts borrow from dp_shard x cp: ep 2 over the two cp ranks, ep 4 over all four.
