@@ -20,6 +20,7 @@
 #include "core/train/model.h"
 #include "models/moe_model.h"
 #include "models/registry.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -55,6 +56,7 @@ Gpu gpu_named(const std::string& g) {
 
 struct Plan {
   int64_t world = 1, replicate = 1, shard = 1, ep = 1, tp = 1;
+  int64_t cp = 1;  // context parallel; `shard` is FSDP's group, dp_shard x cp (parallel/mesh.h)
   int64_t micro_batches = 1, local_batch = 1, seq_len = 1;
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
@@ -68,6 +70,7 @@ struct Sizes {
   // Tensor parallel: the sequence-parallel all-gathers and reduce-scatters of activations
   // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
   double tp_collectives = 0, act_bytes = 0, loss_bytes = 0, tp_sent = 0;
+  double cp_sent = 0;  // context parallel: K/V all-gathers and their reduce-scatters
 };
 
 int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0); }
@@ -130,12 +133,17 @@ void size_tp(const Model& m, const Plan& pl, Sizes& s) {
 
 // The tensor-parallel collectives with the shapes they would have, on the meta device:
 // gathers repeat the shard, reduce-scatters slice it (what a rank holds either way).
+// `sent`, when given, adds the bytes each gather sends from this rank ((n - 1) x its shard):
+// context parallelism's K/V all-gathers.
 class ShapeOnlyTensorParallel : public TensorParallelComm {
  public:
-  explicit ShapeOnlyTensorParallel(int64_t n) : n_(n) {}
+  explicit ShapeOnlyTensorParallel(int64_t n, std::shared_ptr<double> sent = nullptr)
+      : n_(n), sent_(std::move(sent)) {}
   int64_t size() const override { return n_; }
   int64_t rank() const override { return 0; }
   at::Tensor gather_seq(const at::Tensor& x) override {
+    if (sent_)
+      *sent_ += static_cast<double>((n_ - 1) * x.numel()) * static_cast<double>(x.element_size());
     std::vector<int64_t> rep(static_cast<size_t>(x.dim()), 1);
     rep[1] = n_;
     return x.repeat(rep);
@@ -152,6 +160,7 @@ class ShapeOnlyTensorParallel : public TensorParallelComm {
 
  private:
   int64_t n_;
+  std::shared_ptr<double> sent_;
 };
 
 }  // namespace
@@ -163,7 +172,8 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   const DerivedConfig d = derive_config(cfg, world);
   Plan pl;
   pl.world = world;
-  pl.shard = d.dp_shard;
+  pl.cp = cfg.parallelism.context_parallel_degree;
+  pl.shard = d.dp_shard * pl.cp;
   pl.replicate = cfg.parallelism.data_parallel_replicate_degree;
   pl.ep = cfg.parallelism.expert_parallel_degree;
   pl.tp = cfg.parallelism.tensor_parallel_degree;
@@ -190,6 +200,9 @@ struct Activations {
   double after_forward = 0;  // held at the end of the forward: saved tensors + loss grads
   double forward_peak = 0;   // the most held at once during the forward (the loss's chunks)
   double backward_peak = 0;  // the most held at once during the backward
+  // Context parallel: bytes this rank sends per micro-batch, the K/V all-gathers (forward and
+  // recompute) and their gradients' reduce-scatters (one per forward gather with grad).
+  double cp_sent = 0;
 };
 
 // Expert tensor parallelism as the trainer applies it (etp = tp > 1, without ep; the trainer
@@ -212,6 +225,13 @@ std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl) {
     m->set_tensor_parallel(comm);
     if (m->tp_plan().split_experts) m->set_expert_tensor_parallel(comm);
   }
+  // Context parallel: the rank's T/cp tokens of each sequence, keys and values gathered to T
+  // (counted as the gathered tensors the attention saves).
+  auto cp_sent = std::make_shared<double>(0);
+  if (pl.cp > 1)
+    m->set_context_parallel(std::make_shared<ContextParallel>(
+        std::make_shared<ShapeOnlyTensorParallel>(pl.cp, cp_sent),
+        cp_balancer(cfg.parallelism.context_parallel_load_balancer)));
   if (pl.param_bytes == 2) {
     // bf16 weights as FSDP gathers them (and as the cast cache holds them without FSDP,
     // counted separately): neither the casts nor the weights a GEMM saves are activations.
@@ -236,7 +256,11 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
     a.after_forward = static_cast<double>(meta_memory_stats().allocated - base);
     a.forward_peak = static_cast<double>(meta_memory_stats().peak - base);
     reset_meta_memory_peak();
+    const double forward_gathers = *cp_sent;  // with full checkpointing: without grad
     loss.backward();
+    // A block recomputed in backward gathers again; every block has one gather with grad,
+    // whose backward reduce-scatters the same bytes: the forward's gathers once more.
+    a.cp_sent = *cp_sent + forward_gathers;
   }
   a.backward_peak = static_cast<double>(meta_memory_stats().peak - base);
   return a;
@@ -380,10 +404,13 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
     std::printf("shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
                 "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
                 state / kGib, static_cast<long long>(pl.shard));
-  std::printf("raise parallelism.tensor_parallel_degree (now %lld); lower "
-              "training.local_batch_size (now %lld) or training.seq_len (now %lld)",
-              static_cast<long long>(pl.tp), static_cast<long long>(cfg.training.local_batch_size),
-              static_cast<long long>(cfg.training.seq_len));
+  std::printf(
+      "raise parallelism.tensor_parallel_degree (now %lld) or context_parallel_degree "
+      "(now %lld); lower training.local_batch_size (now %lld) or training.seq_len (now "
+      "%lld)",
+      static_cast<long long>(pl.tp), static_cast<long long>(pl.cp),
+      static_cast<long long>(cfg.training.local_batch_size),
+      static_cast<long long>(cfg.training.seq_len));
   if (pl.ac != "full")
     std::printf("; set activation_checkpoint.mode = \"full\" (now \"%s\")", pl.ac.c_str());
   std::printf("\n");
@@ -391,32 +418,42 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
 
 void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu& g,
                 const std::string& gpu) {
-  // A dp rank's tokens are shared by its tp ranks, each doing 1/tp of every matmul.
+  // A dp rank's tokens are shared by its cp ranks (each its slice of every sequence, the
+  // head-tail balancer evening the attention) and its tp ranks (1/tp of every matmul).
   const double tokens = static_cast<double>(pl.micro_batches * pl.local_batch * pl.seq_len);
   const double fpt = static_cast<double>(info.flops_per_token(pl.seq_len));
-  const double rank_flops = fpt * tokens / static_cast<double>(pl.tp);
+  const double rank_flops = fpt * tokens / static_cast<double>(pl.tp * pl.cp);
   const double compute_s = rank_flops / (g.peak_flops * g.efficiency);
   // TP stays inside a node (NVLink); FSDP/HSDP cross nodes once the world exceeds one.
   const bool intra = pl.world <= g.per_node;
   const double bw = intra ? g.intra_bytes_s : g.inter_bytes_s;
   const double comm_s = (s.gather + s.reduce + s.replicate) / bw;
-  const double tp_s = s.tp_sent / g.intra_bytes_s;
-  // FSDP's collectives overlap compute; the tensor-parallel ones sit on the critical path.
+  // The cp groups sit after the tp ranks: inside a node while cp x tp fits in one.
+  const double cp_bw = pl.cp * pl.tp <= g.per_node ? g.intra_bytes_s : g.inter_bytes_s;
+  const double tp_s = s.tp_sent / g.intra_bytes_s + s.cp_sent / cp_bw;
+  // FSDP's collectives overlap compute; the tensor- and context-parallel ones sit on the
+  // critical path (the attention waits for the gathered keys and values).
   const double step_s = std::max(compute_s, comm_s) + tp_s;
   std::printf("compute: %.4g FLOPs/token, %.4g tokens per dp rank per step, %.4g FLOPs per rank\n",
               fpt, tokens, rank_flops);
   std::printf("bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
               "all-reduce %.4g, tensor parallel %.4g\n",
               s.gather, s.reduce, s.replicate, s.tp_sent);
+  if (pl.cp > 1)
+    std::printf(
+        "context parallel per step: %.4g bytes sent (K/V all-gathers and their "
+        "gradients' reduce-scatters, counted from the meta-device step)\n",
+        s.cp_sent);
   if (pl.tp > 1)
     std::printf("tensor parallel per step: %.0f sequence-parallel collectives of %.4g bytes "
                 "(activations, gathered size), %lld loss all-reduces of %.4g bytes\n",
                 s.tp_collectives, s.act_bytes, static_cast<long long>(3 * pl.micro_batches),
                 s.loss_bytes);
-  std::printf("step time: compute %.4g s, communication %.4g s (tensor parallel %.4g s), step "
-              "%.4g s; MFU %.1f%% (assumed: follows from the assumed efficiency below, not "
-              "measured)\n",
-              compute_s, comm_s + tp_s, tp_s, step_s, 100.0 * rank_flops / (step_s * g.peak_flops));
+  std::printf(
+      "step time: compute %.4g s, communication %.4g s (tensor + context parallel %.4g s), step "
+      "%.4g s; MFU %.1f%% (assumed: follows from the assumed efficiency below, not "
+      "measured)\n",
+      compute_s, comm_s + tp_s, tp_s, step_s, 100.0 * rank_flops / (step_s * g.peak_flops));
   std::printf("assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
               "rank (%lld GPUs per node), tensor parallel over NVLink %.4g B/s; FSDP "
               "communication overlapped with compute, tensor-parallel not; activations counted "
@@ -611,14 +648,17 @@ int run_estimate_command(int argc, char** argv) {
   Sizes s = size_plan(*m, pl);
   size_tp(*m, pl, s);
   const Activations act = measure_activations(cfg, pl);
+  s.cp_sent = act.cp_sent * static_cast<double>(pl.micro_batches);
   std::printf("estimate: %s %s on %lld ranks (%s)\n", info.name.c_str(), cfg.model.flavor.c_str(),
               static_cast<long long>(a.world), a.gpu.c_str());
-  std::printf("  plan: dp_replicate %lld x dp_shard %lld x tp %lld (ep %lld), %lld micro-batch(es) "
-              "of %lld x %lld tokens, activation checkpointing %s\n",
-              static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard),
-              static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
-              static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
-              static_cast<long long>(pl.seq_len), pl.ac.c_str());
+  const std::string cp = pl.cp > 1 ? " x cp " + std::to_string(pl.cp) : "";
+  std::printf(
+      "  plan: dp_replicate %lld x dp_shard %lld%s x tp %lld (ep %lld), %lld "
+      "micro-batch(es) of %lld x %lld tokens, activation checkpointing %s\n",
+      static_cast<long long>(pl.replicate), static_cast<long long>(pl.shard / pl.cp), cp.c_str(),
+      static_cast<long long>(pl.tp), static_cast<long long>(pl.ep),
+      static_cast<long long>(pl.micro_batches), static_cast<long long>(pl.local_batch),
+      static_cast<long long>(pl.seq_len), pl.ac.c_str());
   const double total = print_memory(pl, s, act);
   print_fit(cfg, pl, s, total, g, a.gpu);
   print_exchange(cfg, pl, *m);

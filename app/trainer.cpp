@@ -23,6 +23,7 @@
 #include "models/hf_interop.h"
 #include "models/registry.h"
 #include "moe/experts.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
 
 namespace titan {
@@ -141,6 +142,7 @@ void Trainer::setup_distributed() {
     pg_->check_same_config(config_hash(cfg_));
     tp_ = cfg_.parallelism.tensor_parallel_degree;
     pp_ = cfg_.parallelism.pipeline_parallel_degree;
+    cp_ = cfg_.parallelism.context_parallel_degree;
     ProcessGroup* mesh_world = pg_.get();
     if (pp_ > 1) {
       // torchtitan's order, the pipeline outermost: the world is pp blocks of dp x tp ranks.
@@ -153,7 +155,7 @@ void Trainer::setup_distributed() {
       mesh_world = stage_pg_.get();
     }
     mesh_ = build_mesh(*mesh_world, cfg_.parallelism.data_parallel_replicate_degree, d_.dp_shard,
-                       cfg_.parallelism.expert_parallel_degree, tp_);
+                       cfg_.parallelism.expert_parallel_degree, tp_, cp_);
     dp_rank_ = mesh_->dp_rank();
   }
   // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
@@ -396,6 +398,7 @@ void Trainer::parallelize() {
     return;
   }
   apply_tp();
+  if (cp_ > 1) log_info(apply_context_parallel(*model_, *mesh_->cp_group, cfg_));
   const int64_t ep = cfg_.parallelism.expert_parallel_degree;
   if (ep > 1) {
     const int64_t E = model_->num_experts();
@@ -408,7 +411,7 @@ void Trainer::parallelize() {
                       " does not divide the " + std::to_string(E) + " experts of " +
                       cfg_.model.name + "/" + cfg_.model.flavor +
                       "; allowed: a divisor of the expert count that divides the shard degree " +
-                      std::to_string(d_.dp_shard));
+                      std::to_string(d_.dp_shard * cp_));
     if (mesh_) set_expert_exchange(*mesh_->ep_group);
   } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
              model_->num_experts() > 0) {
@@ -715,8 +718,8 @@ int Trainer::train_loop() {
       const std::string report = compiled_->take_report();
       if (!report.empty()) log_info(report);
     }
-    tokens_since_log_ +=
-        cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len;
+    tokens_since_log_ +=  // a cp rank runs its slice of each sequence
+        cfg_.training.local_batch_size * d_.grad_accum_steps * cfg_.training.seq_len / cp_;
     if (step == first_step) {
       const auto unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -787,6 +790,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     // r.loss is this rank's share of the global mean; dp x that is the rank's own mean.
     at::Tensor mean = r.loss.to(at::kDouble);
     at::Tensor rank_max = mean * static_cast<double>(d_.dp_degree);
+    if (cp_ > 1) mesh_->cp_group->allreduce(rank_max, ReduceOp::Sum);  // the cp ranks' shares
     mean.div_(static_cast<double>(tp_));  // the tp ranks of a dp rank hold the same loss
     pg_->allreduce(mean, ReduceOp::Sum);
     pg_->allreduce(rank_max, ReduceOp::Max);
@@ -900,7 +904,7 @@ void Trainer::validate(int64_t step) {
   for (int64_t i = 0; i < n; ++i) {
     MicroBatch b = vr.next();
     sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);
-    tokens += b.labels.numel();
+    tokens += b.labels.numel() / cp_;  // a cp rank scores its slice of each sequence
   }
   if (pg_) {  // each rank scored its own windows
     at::Tensor tk = at::full({}, static_cast<double>(tokens), sum.options());

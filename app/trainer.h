@@ -111,7 +111,8 @@ class Trainer {
   std::unique_ptr<TensorParallelGradSync> tp_sync_;
   GradSync* grad_sync_ = nullptr;
   int64_t tp_ = 1;       // parallelism.tensor_parallel_degree
-  int64_t dp_rank_ = 0;  // this rank's data shard (the global rank / tp)
+  int64_t cp_ = 1;       // parallelism.context_parallel_degree
+  int64_t dp_rank_ = 0;  // this rank's data shard (the global rank / (cp x tp))
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LRSchedule> sched_;
 

@@ -188,7 +188,8 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   auto attention = std::make_unique<ModuleScope>("attention");  // ends after the output projection
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
   at::Tensor h = seq_gather(rms_norm(x, w[k++], a.norm_eps));
-  const int64_t T = h.size(1);
+  const int64_t T = h.size(1);  // under context parallelism this rank's T/cp tokens
+  const RopeTables rt = rope_rows(rope_, context_parallel(), T);
   // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
   at::Tensor q;
   if (a.q_lora_rank == 0) {
@@ -200,15 +201,16 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   }
   const int64_t H = q.size(-1) / (nope + rope);  // this tp rank's heads (all on one rank)
   q = q.view({B, T, H, nope + rope});
-  q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rope_)}, -1);
+  q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rt)}, -1);
   // Keys and values from the compressed latent (B, T, kv_lora_rank) plus one shared rope key.
   at::Tensor kv = project(h, w[k++]);  // (B, T, kv_lora_rank + rope)
-  at::Tensor k_pe = apply_rope(kv.slice(-1, a.kv_lora_rank).unsqueeze(2), rope_);  // (B,T,1,rope)
+  at::Tensor k_pe = apply_rope(kv.slice(-1, a.kv_lora_rank).unsqueeze(2), rt);  // (B,T,1,rope)
   at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
   at::Tensor kvb = project(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
   at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
-  at::Tensor attn = causal_attention(q, key, v, softmax_scale_);  // (B, T, H * v_head_dim)
+  // Context parallel: key and v gathered over the cp ranks inside (B, T, H * v_head_dim).
+  at::Tensor attn = causal_attention(q, key, v, softmax_scale_, context_parallel());
   at::Tensor y = x + seq_reduce(project(attn, w[k++]));
   attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);

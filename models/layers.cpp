@@ -47,8 +47,29 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   return ops::apply_rope(x, rope.cos, rope.sin);
 }
 
+RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local) {
+  if (cp == nullptr) return rope;  // apply_rope reads rows 0..local-1
+  const at::Tensor pos = cp->positions(local, rope.cos.device());
+  return {rope.cos.index_select(0, pos), rope.sin.index_select(0, pos)};
+}
+
+// Context parallel: this rank's queries against every rank's keys and values. The mask
+// compares global positions, so the head and tail chunks each see exactly their causal
+// prefix. masked_sdpa is not on the op-checkpointing tape: op-level checkpointing recomputes
+// this attention rather than saving it.
+static at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale, const ContextParallel& cp) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  at::Tensor kg = cp.gather_kv(k), vg = cp.gather_kv(v);  // (B, T * cp, Hkv, D)
+  at::Tensor mask = cp.causal_mask(T, q.device());        // (T, T * cp)
+  at::Tensor o = masked_sdpa(q.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), mask, scale,
+                             /*enable_gqa=*/Hkv != H);
+  return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale) {
+                            double scale, const ContextParallel* cp) {
+  if (cp != nullptr) return cp_attention(q, k, v, scale, *cp);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   // (B, heads, T, D) views. With Hkv < H, SDPA's enable_gqa lets each group of H / Hkv query
   // heads read its kv head in place (the CPU flash kernel and the CUDA kernels support it), so
@@ -60,12 +81,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
-                         int64_t n_kv_heads, const RopeTables& rope) {
+                         int64_t n_kv_heads, const RopeTables& rope_all,
+                         const ContextParallel* cp) {
   ModuleScope scope("attention");
   const int64_t B = h.size(0), T = h.size(1);
   // The head dim is the RoPE table's; the head counts are the weights' rows, so a tensor-
   // parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.
-  const int64_t hd = 2 * rope.cos.size(1);
+  const int64_t hd = 2 * rope_all.cos.size(1);
+  const RopeTables rope = rope_rows(rope_all, cp, T);
   const int64_t heads = wq.size(0) / hd, kv_heads = wk.size(0) / hd;
   TORCH_CHECK(heads * hd == wq.size(0) && n_heads % heads == 0 && kv_heads > 0 &&
                   n_kv_heads % kv_heads == 0 && heads % kv_heads == 0,
@@ -76,7 +99,7 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
   at::Tensor v = project(h, wv).view({B, T, kv_heads, hd});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
-  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)));
+  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), cp);
   return project(attn, wo);
 }
 

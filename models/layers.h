@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/train/context_parallel.h"
 #include "core/train/functional.h"
 
 namespace titan {
@@ -31,18 +32,26 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
 // contiguous in x's dtype.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
+// The tables a sequence of `local` tokens reads: rows 0..local-1, or under context
+// parallelism (cp non-null) the rows of this rank's global positions.
+RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local);
+
 // Causal self-attention core. q: (B, T, H, Dqk), k: (B, T, Hkv, Dqk), v: (B, T, Hkv, Dv) ->
-// (B, T, H * Dv). Hkv divides H (grouped-query attention).
+// (B, T, H * Dv). Hkv divides H (grouped-query attention). Under context parallelism (cp
+// non-null) T is this rank's T/cp tokens: k and v are gathered over the cp ranks and the
+// queries attend them under the causal mask of the global positions.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale);
+                            double scale, const ContextParallel* cp = nullptr);
 
 // Grouped-query self-attention of Llama-3 and Llama-4 blocks, from the normed input h
 // (B, T, D) to the output projection's result (B, T, D): q/k/v projections, RoPE on q and k,
 // causal SDPA, wo. wq: (H * hd, D); wk, wv: (Hkv * hd, D); wo: (D, H * hd), hd the RoPE
 // table's head dim. Under tensor parallelism the weights hold a slice of whole heads (H/tp
-// and Hkv/tp) and the result is this rank's partial sum of wo's product.
+// and Hkv/tp) and the result is this rank's partial sum of wo's product. Under context
+// parallelism h holds this rank's tokens (rope_rows, causal_attention).
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
-                         int64_t n_kv_heads, const RopeTables& rope);
+                         int64_t n_kv_heads, const RopeTables& rope,
+                         const ContextParallel* cp = nullptr);
 
 }  // namespace titan

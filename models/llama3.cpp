@@ -58,7 +58,7 @@ at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::T
   at::Tensor h = rms_norm(x, w[0], norm_eps);
   if (sp == nullptr) return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
   return x + sp->seq_reduce(gqa_attention(sp->seq_gather(h), w[1], w[2], w[3], w[4], n_heads,
-                                          n_kv_heads, rope));
+                                          n_kv_heads, rope, sp->context_parallel()));
 }
 
 namespace {

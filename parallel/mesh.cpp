@@ -5,7 +5,8 @@
 namespace titan {
 
 std::string Mesh::describe() const {
-  return "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard) +
+  return "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard / cp) +
+         (cp > 1 ? " x cp " + std::to_string(cp) : "") +
          (tp > 1 ? " x tp " + std::to_string(tp) : "") + " (ep " + std::to_string(ep) +
          " x efsdp " + std::to_string(efsdp()) + ")";
 }
@@ -15,11 +16,13 @@ void Mesh::start_training() {
   for (auto& g : owned) g->start_training();
 }
 
-std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard,
-                                 int64_t ep, int64_t tp) {
+std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t shard, int64_t ep,
+                                 int64_t tp, int64_t cp) {
+  shard *= cp;  // context parallelism folds into the shard dimension (mesh.h)
   TORCH_CHECK(replicate * shard * tp == world.size() && shard % ep == 0,
               "inconsistent mesh degrees");
   auto m = std::make_unique<Mesh>();
+  m->cp = cp;
   m->replicate = replicate;
   m->shard = shard;
   m->ep = ep;
@@ -31,6 +34,7 @@ std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t
   m->shard_index = dp % shard;
   m->ep_index = m->shard_index % ep;
   m->efsdp_index = m->shard_index / ep;
+  m->cp_index = m->shard_index % cp;
   auto global = [&](int64_t rep, int64_t s) { return (rep * shard + s) * tp + m->tp_index; };
   // Every rank creates its groups in the same order; groups of one kind are disjoint.
   auto group = [&](const std::string& name, const std::vector<int64_t>& ranks) {
@@ -56,6 +60,12 @@ std::unique_ptr<Mesh> build_mesh(ProcessGroup& world, int64_t replicate, int64_t
     for (int64_t f = 0; f < m->efsdp(); ++f)
       ranks.push_back(global(m->replicate_index, f * ep + m->ep_index));
     m->efsdp_group = group("efsdp" + sfx, ranks);
+  }
+  if (cp > 1) {
+    ranks.clear();
+    const int64_t first = m->shard_index - m->cp_index;
+    for (int64_t c = 0; c < cp; ++c) ranks.push_back(global(m->replicate_index, first + c));
+    m->cp_group = group("cp" + sfx, ranks);
   }
   if (tp > 1) {
     ranks.clear();

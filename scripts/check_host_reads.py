@@ -38,6 +38,7 @@ HOT_PATH = [
     "core/train/capture_check.*",
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/flat_grad_allreduce.*",
     "parallel/expert_parallel.*", "parallel/process_group.*",
+    "core/train/context_parallel.*", "parallel/context_parallel.*",
 ]
 # In a hot-path folder but outside the step.
 NOT_HOT = {
@@ -72,6 +73,9 @@ ALLOWED = {
         "and the optimizer phases (outside both captured graphs; docs/moe.md, Dropless capture)",
     ("app/ep_capacity.cpp", "grad_storage"):
         "the gradients' addresses, to check the re-run keeps them (data_ptr; no read)",
+    ("core/train/context_parallel.cpp", "ContextParallel::cached"):
+        "context parallel: the positions, mask and order index tensors, copied to the device "
+        "once per (length, device) on the first step and reused after (never read back)",
     ("app/compiled_step.cpp", "step_inputs_key"):
         "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <toml++/toml.h>
 
@@ -436,6 +437,7 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   d.dp_shard = p.data_parallel_shard_degree == -1
                    ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree *
+                                                           p.context_parallel_degree *
                                                            p.tensor_parallel_degree *
                                                            p.pipeline_parallel_degree)
                    : p.data_parallel_shard_degree;
@@ -481,6 +483,40 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
                       " does not split over parallelism.tensor_parallel_degree = " +
                       std::to_string(tp) + " (sequence parallel); allowed: a multiple of " +
                       std::to_string(tp));
+}
+
+// Context parallelism: the balancer and exchange built, and sequences that split into the
+// balancer's chunks (and each rank's slice over the tp ranks).
+static void validate_context_parallel(const JobConfig& cfg) {
+  const auto& p = cfg.parallelism;
+  const int64_t cp = p.context_parallel_degree;
+  if (p.context_parallel_load_balancer == "ptrr")
+    throw UserError(
+        "parallelism.context_parallel_load_balancer = \"ptrr\" is not implemented "
+        "yet (it balances flex-attention document masks); allowed: headtail, none");
+  if (p.context_parallel_rotate_method == "alltoall")
+    throw UserError(
+        "parallelism.context_parallel_rotate_method = \"alltoall\" is not "
+        "implemented yet; allowed: allgather");
+  if (cp == 1) return;
+  const bool headtail = p.context_parallel_load_balancer == "headtail";
+  const int64_t unit = (headtail ? 2 * cp : cp) * p.tensor_parallel_degree;
+  for (const auto& [key, len, used] :
+       {std::make_tuple("training.seq_len", cfg.training.seq_len, true),
+        std::make_tuple("validation.seq_len", cfg.validation.seq_len, cfg.validation.enable)})
+    if (used && len % unit != 0)
+      throw UserError(
+          std::string(key) + " = " + std::to_string(len) +
+          " does not split over parallelism.context_parallel_degree = " + std::to_string(cp) +
+          " (" + (headtail ? "2 x cp head-tail chunks" : "cp chunks") +
+          (p.tensor_parallel_degree > 1 ? ", each over tensor_parallel_degree" : "") +
+          "); allowed: a multiple of " + std::to_string(unit));
+  if (p.pipeline_parallel_degree > 1)
+    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
+                    " with parallelism.pipeline_parallel_degree = " +
+                    std::to_string(p.pipeline_parallel_degree) +
+                    ": context parallelism in a pipeline is not implemented yet; allowed: one of "
+                    "them at 1");
 }
 
 namespace {
@@ -575,13 +611,16 @@ void validate_config(const JobConfig& cfg) {
     throw UserError(
         "parallelism.data_parallel_shard_degree = 0 is not allowed; allowed: -1 (the rest of "
         "the world) or a positive degree");
-  if (p.data_parallel_shard_degree > 0 && p.data_parallel_shard_degree % p.expert_parallel_degree)
+  // Experts borrow ranks from FSDP's shard dimension, dp_shard x cp (parallel/mesh.h).
+  const int64_t shard_cp = p.data_parallel_shard_degree * p.context_parallel_degree;
+  if (p.data_parallel_shard_degree > 0 && shard_cp % p.expert_parallel_degree)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(p.data_parallel_shard_degree) +
-        " (experts borrow ranks from data_parallel_shard_degree)");
+        " must divide the shard degree " + std::to_string(shard_cp) +
+        " (experts borrow ranks from data_parallel_shard_degree x context_parallel_degree)");
   const auto& t = cfg.training;
   validate_tensor_parallel(cfg);
+  validate_context_parallel(cfg);
   if (t.global_batch_size != -1 && t.global_batch_size % t.local_batch_size != 0)
     throw UserError("training.global_batch_size = " + std::to_string(t.global_batch_size) +
                     " is not a multiple of local_batch_size (" +
@@ -671,7 +710,9 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   const std::string world = std::to_string(world_size);
   validate_pipeline_for_world(cfg, world_size);
   if (p.data_parallel_shard_degree == -1 &&
-      world_size % (p.data_parallel_replicate_degree * p.tensor_parallel_degree) != 0)
+      world_size % (p.data_parallel_replicate_degree * p.context_parallel_degree *
+                    p.tensor_parallel_degree) !=
+          0)
     throw UserError("parallelism.data_parallel_replicate_degree = " +
                     std::to_string(p.data_parallel_replicate_degree) +
                     (p.tensor_parallel_degree > 1
@@ -682,19 +723,25 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
     throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
                     "; allowed: a single process (as torchtitan, the seed is written unsharded)");
   DerivedConfig d = derive_config(cfg, world_size);
-  const int64_t tp = p.tensor_parallel_degree;
-  if (d.dp_degree * tp * p.pipeline_parallel_degree != world_size)
-    throw UserError("parallelism: data_parallel_replicate_degree (" +
+  const int64_t tp = p.tensor_parallel_degree, cp = p.context_parallel_degree;
+  const int64_t pp = p.pipeline_parallel_degree;
+  if (d.dp_degree * cp * tp * pp != world_size)
+    throw UserError("parallelism: " +
+                    (pp > 1 ? "pipeline_parallel_degree (" + std::to_string(pp) + ") x "
+                            : std::string()) +
+                    "data_parallel_replicate_degree (" +
                     std::to_string(p.data_parallel_replicate_degree) +
                     ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +
+                    (cp > 1 ? " x context_parallel_degree (" + std::to_string(cp) + ")" : "") +
                     (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") +
-                    " = " + std::to_string(d.dp_degree * tp) + ", but the world size is " +
+                    " = " + std::to_string(d.dp_degree * cp * tp * pp) + ", but the world size is " +
                     world + "; allowed: a product equal to the world size");
-  if (d.dp_shard % p.expert_parallel_degree != 0)
+  if ((d.dp_shard * cp) % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        " must divide the shard degree " + std::to_string(d.dp_shard) + " of the world size " +
-        world + " (experts borrow ranks from data_parallel_shard_degree)");
+        " must divide the shard degree " + std::to_string(d.dp_shard * cp) + " of the world size " +
+        world +
+        " (experts borrow ranks from data_parallel_shard_degree x context_parallel_degree)");
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   if (d.global_batch % per_micro != 0)
     throw UserError("training.global_batch_size = " + std::to_string(d.global_batch) +

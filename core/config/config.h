@@ -84,6 +84,8 @@ struct ParallelismSection {
   // read into this form).
   std::vector<std::string> module_fqns_per_model_part;
   int64_t context_parallel_degree = 1;
+  std::string context_parallel_load_balancer = "headtail";  // headtail | none
+  std::string context_parallel_rotate_method = "allgather";
   int64_t expert_parallel_degree = 1;
   int64_t expert_tensor_parallel_degree = 1;
 };
@@ -273,7 +275,7 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size);
 
 // Derived quantities that the startup table reports.
 struct DerivedConfig {
-  int64_t dp_degree = 1;         // data-parallel ranks (replicate x shard); world = dp x tp
+  int64_t dp_degree = 1;         // data-parallel ranks (replicate x shard); world = dp x cp x tp
   int64_t dp_shard = 1;          // resolved data_parallel_shard_degree
   int64_t global_batch = 0;      // sequences per optimizer step
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step on each rank

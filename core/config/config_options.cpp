@@ -261,8 +261,20 @@ void parallelism_options(std::vector<Option>& out) {
         "in forward order; TOML: an array of arrays; command line: stages separated by commas, "
         "modules by spaces; empty: the rule above")
       .groups();
-  s.later("context_parallel_degree", int64_t{1}, "context parallelism",
-          "Context parallelism degree: not supported yet");
+  s.add("context_parallel_degree", &ParallelismSection::context_parallel_degree, 1,
+        "Context-parallel degree: ranks that each hold a slice of every sequence (folded into "
+        "the FSDP shard dimension)")
+      .range(1.0, kNoMax);
+  s.add("context_parallel_load_balancer", &ParallelismSection::context_parallel_load_balancer,
+        "headtail",
+        "headtail: rank r holds chunks r and 2 cp - 1 - r of 2 cp (equal causal work); none "
+        "(torchtitan's None): the contiguous chunk r; ptrr is not implemented")
+      .choices({"headtail", "none", "None", "ptrr"});
+  s.add("context_parallel_rotate_method", &ParallelismSection::context_parallel_rotate_method,
+        "allgather",
+        "How context parallel attention exchanges keys and values: allgather (alltoall is not "
+        "implemented)")
+      .choices({"allgather", "alltoall"});
   s.add("expert_parallel_degree", &ParallelismSection::expert_parallel_degree, 1,
         "Expert-parallel degree, borrowed from the shard dimension (dp2ep)")
       .range(1.0, kNoMax);
@@ -533,8 +545,6 @@ const std::vector<std::string> kIgnored = {
     "parallelism.disable_loss_parallel",
     "parallelism.pipeline_parallel_split_points",
     "parallelism.pipeline_parallel_expert_parallel_overlap",
-    "parallelism.context_parallel_load_balancer",
-    "parallelism.context_parallel_rotate_method",
     "parallelism.expert_parallel_comm_backend",
     "checkpoint.enable_first_step_checkpoint",
     "checkpoint.enable_ft_dataloader_checkpoints",

@@ -48,6 +48,13 @@ at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                                           /*is_causal=*/true, scale, enable_gqa);
 }
 
+at::Tensor masked_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& mask, double scale, bool enable_gqa) {
+  if (q.is_meta()) return MetaFlashAttention::apply(q, k, v);
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          scale, enable_gqa);
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   // One fused autograd node (core/kernels/ops.h): fp32 math, saves only x, w and the inverse RMS.
   return ops::rms_norm(x, w, eps);

@@ -19,6 +19,13 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w);
 at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        double scale, bool enable_gqa = false);
 
+// Attention under an explicit mask (context parallel: a rank's queries against the gathered
+// keys, mask (Tq, Tk) bool, true = attend). Not on the op-checkpointing tape: op-level
+// checkpointing recomputes it. On the meta device (estimate) it holds what a flash kernel
+// saves, as causal_sdpa.
+at::Tensor masked_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& mask, double scale, bool enable_gqa = false);
+
 // x: (..., D), w: (D). Computed in fp32, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 

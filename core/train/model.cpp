@@ -184,9 +184,10 @@ at::Tensor Model::compute_weight(int64_t i) const {
 }
 
 at::Tensor Model::forward(const at::Tensor& tokens) {
-  Head o = forward_head(tokens);
-  if (tp_) return tp_->gather_last(at::linear(seq_gather(o.h), o.w));  // vocab slices joined
-  return at::linear(o.h, o.w);  // (B, T, V)
+  Head o = forward_head(cp_ ? cp_->shard(tokens) : tokens);
+  at::Tensor logits = tp_ ? tp_->gather_last(at::linear(seq_gather(o.h), o.w))  // vocab joined
+                          : at::linear(o.h, o.w);                               // (B, T, V)
+  return cp_ ? cp_->unshard(logits) : logits;
 }
 
 Model::Head Model::forward_head(const at::Tensor& tokens) {
@@ -207,6 +208,9 @@ at::Tensor Model::head_loss_sum(const at::Tensor& h, const at::Tensor& labels) {
 }
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
+  // Context parallel: this rank's tokens and their labels, the same cut. (Pipeline stages
+  // call forward_stage / head_loss_sum; context parallelism with pipelines is refused.)
+  if (cp_) return loss_sum_of(forward_head(cp_->shard(tokens)), cp_->shard(labels));
   return loss_sum_of(forward_head(tokens), labels);
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/kernels/float8_linear.h"
+#include "core/train/context_parallel.h"
 #include "core/train/expert_exchange.h"
 #include "core/train/recompute.h"
 #include "core/train/tensor_parallel.h"
@@ -155,13 +156,15 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype.
+  // tokens: (B, T) int64 -> logits (B, T, vocab) in the compute dtype (under context
+  // parallelism every rank returns the whole sequence's logits).
   at::Tensor forward(const at::Tensor& tokens);
   // The training and validation loss: the sum over tokens of the fp32 cross-entropy of the
   // logits against labels (B, T) (label -100 ignored), as a 0-d fp32 tensor. By default the
-  // output projection and the loss run fused and chunked over tokens (core/kernels/fused_loss.h), so
-  // the (B, T, vocab) logits never exist; the same numbers as
-  // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding.
+  // output projection and the loss run fused and chunked over tokens (core/kernels/fused_loss.h),
+  // so the (B, T, vocab) logits never exist; the same numbers as
+  // titan::token_loss_sum(forward(tokens), labels) to fp32 rounding. Under context
+  // parallelism: the sum over this rank's tokens only (the cp ranks' sums add up to it).
   at::Tensor token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels);
   // Pipeline stages (parallel/pipeline_runner.h): the same forward cut at block boundaries.
   // With `embed`, `input` is the tokens (B, T) and the embeddings run first; otherwise it is
@@ -254,6 +257,11 @@ class Model {
   // sequence shard of their sum.
   at::Tensor seq_gather(const at::Tensor& x) const { return tp_ ? tp_->gather_seq(x) : x; }
   at::Tensor seq_reduce(const at::Tensor& x) const { return tp_ ? tp_->reduce_scatter_seq(x) : x; }
+  // Context parallelism (core/train/context_parallel.h), installed by parallel/; null: one
+  // cp rank. forward and token_loss_sum then take whole sequences and run this rank's tokens;
+  // the families read global positions and gather keys and values through it.
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) { cp_ = std::move(cp); }
+  const ContextParallel* context_parallel() const { return cp_.get(); }
 
  protected:
   // What forward computes before the output projection: the final normed hidden state
@@ -303,6 +311,7 @@ class Model {
   bool fused_loss_ = true;
   TpPlan tp_plan_;
   std::shared_ptr<TensorParallelComm> tp_;
+  std::shared_ptr<ContextParallel> cp_;
   // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
   struct CachedCast {
     at::Tensor cast, master;  // master: the parameter tensor it was cast from

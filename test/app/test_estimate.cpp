@@ -294,3 +294,45 @@ TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes, memory and 
   CHECK(odd.rc == 2);
   CHECK_THAT(odd.out, Contains("not a multiple of parallelism.pipeline_parallel_degree = 2"));
 }
+
+TEST_CASE(
+    "estimate: context parallelism divides activations and FLOPs by about cp, counts K/V bytes",
+    "[app][estimate][cp]") {
+  // llama3 8B at 8192 tokens without activation checkpointing, 8 ranks: cp ranks run T/cp
+  // tokens each (counted on the meta device), plus the gathered keys and values attention
+  // saves (whole T: 32 layers x 2 x 8192 x 8 kv heads x 128 x 2 bytes = 1 GiB), so the
+  // counted activations fall to 1/cp of cp 1's plus at most about that gathered 1 GiB and
+  // its transients; FSDP shards over dp_shard x cp, so the parameters per rank stay the same.
+  auto run = [](int cp) {
+    auto r = estimate(
+        "--config configs/llama3_8b.toml --world 8 --compile.enable false "
+        "--activation_checkpoint.mode none --training.seq_len 8192 "
+        "--parallelism.context_parallel_degree " +
+        std::to_string(cp));
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    return r.out;
+  };
+  const std::string one = run(1), two = run(2), four = run(4);
+  CHECK_THAT(two, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 4 x cp 2 x tp 1"));
+  CHECK_THAT(four, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 2 x cp 4 x tp 1"));
+  const std::string held = R"(activations held after forward \(counted\))";
+  const double a1 = gib_of(one, held), a2 = gib_of(two, held), a4 = gib_of(four, held);
+  WARN("activations held after forward, cp 1 / 2 / 4: " << a1 << " / " << a2 << " / " << a4
+                                                        << " GiB");
+  CHECK(a2 > a1 / 2);
+  CHECK(a2 < a1 / 2 + 2.0);
+  CHECK(a4 > a1 / 4);
+  CHECK(a4 < a1 / 4 + 2.5);
+  const std::string params = R"(parameters \(fp32 shards\))";
+  CHECK(gib_of(two, params) == Approx(gib_of(one, params)).epsilon(1e-3));
+  CHECK_THAT(one, Catch::Matchers::Contains("4.744e+14 FLOPs per rank"));
+  CHECK_THAT(two, Catch::Matchers::Contains("2.372e+14 FLOPs per rank"));
+  // K/V bytes a rank sends: per layer its K and V shards (8192/cp tokens x 8 kv heads x 128
+  // x 2 bytes each) to cp - 1 ranks in the all-gather, the same again in the gradients'
+  // reduce-scatter, over 32 layers: cp 2: 2 x 2 x 4096 x 1024 x 2 x 32 = 1073741824;
+  // cp 4: 2 x 3 x 2 x 2048 x 1024 x 2 x 32 = 1610612736.
+  CHECK_THAT(one, !Catch::Matchers::Contains("context parallel per step"));
+  CHECK_THAT(two, Catch::Matchers::Contains("context parallel per step: 1.074e+09 bytes sent"));
+  CHECK_THAT(four, Catch::Matchers::Contains("context parallel per step: 1.611e+09 bytes sent"));
+}

@@ -309,13 +309,13 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
        "parallelism.expert_tensor_parallel_degree", "quantize.grouped_mm.float8"},
       {"[parallelism]\ntensor_parallel_degree = 8\nenable_async_tensor_parallel = true\n",
        "parallelism.enable_async_tensor_parallel", "async tensor parallelism"},
-      {"[parallelism]\ncontext_parallel_degree = 2\n", "parallelism.context_parallel_degree",
-       "context parallelism"},
+      {"[parallelism]\ncontext_parallel_rotate_method = \"alltoall\"\n",
+       "parallelism.context_parallel_rotate_method", "alltoall"},
       // The first one in the file is named.
       {"[model]\nconverters = [\"mx\"]\n[parallelism]\ntensor_parallel_degree = 8\n",
        "model.converters", "mx"},
       {"[parallelism]\npipeline_parallel_degree = 4\ncontext_parallel_degree = 2\n",
-       "parallelism.context_parallel_degree", "context parallelism"},
+       "parallelism.pipeline_parallel_degree", "context parallelism in a pipeline"},
   };
   for (auto& c : cases) {
     INFO(c.toml);
@@ -328,11 +328,10 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
                            Contains("is not implemented yet") || Contains("is not allowed")));
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
-  // The same from the command line.
+  // Context parallelism is accepted (test/parallel/test_context_parallel.cpp trains it).
   auto r = titan_run("--parallelism.context_parallel_degree 2 --dump-config");
-  CHECK(r.rc == 2);
-  CHECK_THAT(r.out,
-             Contains("command line: parallelism.context_parallel_degree = 2 needs context"));
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("context_parallel_degree = 2"));
   // Tensor parallelism is accepted; the experts' degree must be 1 or tp (torchtitan 0.2.2).
   auto tp = titan_run("--parallelism.tensor_parallel_degree 8 "
                       "--parallelism.expert_tensor_parallel_degree 8 --dump-config");
@@ -373,8 +372,9 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
          {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"})
       if (t["quantize"]["linear"]["float8"][k].value_or(false))
         out.push_back(std::string("quantize.linear.float8.") + k);
-  if (t["parallelism"]["context_parallel_degree"].value_or<int64_t>(1) > 1)
-    out.push_back("parallelism.context_parallel_degree");
+  if (t["parallelism"]["context_parallel_rotate_method"].value_or<std::string>("allgather") ==
+      "alltoall")
+    out.push_back("parallelism.context_parallel_rotate_method");
   if (t["parallelism"]["enable_async_tensor_parallel"].value_or(false))
     out.push_back("parallelism.enable_async_tensor_parallel");
   const int64_t tp = t["parallelism"]["tensor_parallel_degree"].value_or<int64_t>(1);
