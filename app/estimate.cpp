@@ -214,8 +214,9 @@ bool split_experts(const JobConfig& cfg) {
 
 // The model as measure_activations counts it: on the meta device, cut for tensor
 // parallelism, weights in the compute dtype, the run's activation checkpointing, gradients
-// pre-allocated.
-std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl) {
+// pre-allocated. `cp_sent` counts the bytes the context-parallel gathers send.
+std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl,
+                                        const std::shared_ptr<double>& cp_sent) {
   install_meta_memory_counter();
   register_meta_kernels();
   std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
@@ -227,7 +228,6 @@ std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl) {
   }
   // Context parallel: the rank's T/cp tokens of each sequence, keys and values gathered to T
   // (counted as the gathered tensors the attention saves).
-  auto cp_sent = std::make_shared<double>(0);
   if (pl.cp > 1)
     m->set_context_parallel(std::make_shared<ContextParallel>(
         std::make_shared<ShapeOnlyTensorParallel>(pl.cp, cp_sent),
@@ -244,7 +244,8 @@ std::unique_ptr<Model> activation_model(const JobConfig& cfg, const Plan& pl) {
 }
 
 Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
-  std::unique_ptr<Model> m = activation_model(cfg, pl);
+  auto cp_sent = std::make_shared<double>(0);
+  std::unique_ptr<Model> m = activation_model(cfg, pl, cp_sent);
   const auto meta_long = at::TensorOptions().dtype(at::kLong).device(at::kMeta);
   at::Tensor tokens = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
   at::Tensor labels = at::zeros({pl.local_batch, pl.seq_len}, meta_long);
@@ -535,7 +536,7 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
                                 const PipelinePlan& plan) {
   Plan pl = make_plan(inner, stage_world);
   pl.local_batch = inner.parallelism.pipeline_parallel_microbatch_size;
-  std::unique_ptr<Model> m = activation_model(inner, pl);
+  std::unique_ptr<Model> m = activation_model(inner, pl, std::make_shared<double>(0));
   std::vector<double> per_stage;
   std::printf("activations (one micro-batch of %lld x %lld through each stage, counted; then "
               "the most a rank's schedule keeps in flight):\n",
