@@ -435,12 +435,12 @@ OptValue parse_option_text(const Option& opt, const std::vector<std::string>& te
 DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
   DerivedConfig d;
   const auto& p = cfg.parallelism;
-  d.dp_shard = p.data_parallel_shard_degree == -1
-                   ? world_size / std::max<int64_t>(1, p.data_parallel_replicate_degree *
-                                                           p.context_parallel_degree *
-                                                           p.tensor_parallel_degree *
-                                                           p.pipeline_parallel_degree)
-                   : p.data_parallel_shard_degree;
+  d.dp_shard =
+      p.data_parallel_shard_degree == -1
+          ? world_size /
+                std::max<int64_t>(1, p.data_parallel_replicate_degree * p.context_parallel_degree *
+                                         p.tensor_parallel_degree * p.pipeline_parallel_degree)
+          : p.data_parallel_shard_degree;
   d.dp_degree = p.data_parallel_replicate_degree * d.dp_shard;
   const int64_t per_micro = cfg.training.local_batch_size * d.dp_degree;
   d.global_batch =
@@ -726,16 +726,15 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
   const int64_t tp = p.tensor_parallel_degree, cp = p.context_parallel_degree;
   const int64_t pp = p.pipeline_parallel_degree;
   if (d.dp_degree * cp * tp * pp != world_size)
-    throw UserError("parallelism: " +
-                    (pp > 1 ? "pipeline_parallel_degree (" + std::to_string(pp) + ") x "
-                            : std::string()) +
-                    "data_parallel_replicate_degree (" +
-                    std::to_string(p.data_parallel_replicate_degree) +
-                    ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +
-                    (cp > 1 ? " x context_parallel_degree (" + std::to_string(cp) + ")" : "") +
-                    (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") +
-                    " = " + std::to_string(d.dp_degree * cp * tp * pp) + ", but the world size is " +
-                    world + "; allowed: a product equal to the world size");
+    throw UserError(
+        "parallelism: " +
+        (pp > 1 ? "pipeline_parallel_degree (" + std::to_string(pp) + ") x " : std::string()) +
+        "data_parallel_replicate_degree (" + std::to_string(p.data_parallel_replicate_degree) +
+        ") x data_parallel_shard_degree (" + std::to_string(d.dp_shard) + ")" +
+        (cp > 1 ? " x context_parallel_degree (" + std::to_string(cp) + ")" : "") +
+        (tp > 1 ? " x tensor_parallel_degree (" + std::to_string(tp) + ")" : "") + " = " +
+        std::to_string(d.dp_degree * cp * tp * pp) + ", but the world size is " + world +
+        "; allowed: a product equal to the world size");
   if ((d.dp_shard * cp) % p.expert_parallel_degree != 0)
     throw UserError(
         "parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
