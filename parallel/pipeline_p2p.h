@@ -27,6 +27,8 @@ class PipelineP2P {
   // (micro-batch, seq, dim).
   PipelineP2P(ProcessGroup& pg, const PipelineSchedule& schedule, std::vector<int64_t> shape,
               at::ScalarType dtype, at::Device device);
+  // Waits for the sends still in flight: a rank must not leave while its peer receives.
+  ~PipelineP2P() { finish_sends(); }
 
   // One tick: posts the sends (SEND_F and SEND_B actions with their tensors, of the fixed
   // shape and dtype) and the receives (RECV_F and RECV_B actions) together, then waits for

@@ -91,6 +91,7 @@ TEST_CASE("pipeline p2p worker (run by torchrun)", "[.p2p-worker]") {
             CHECK(addresses[static_cast<size_t>(a.microbatch)] == got[i].data_ptr());
         }
       }
+      p2p.finish_sends();  // the gloo sends, waited for at the step's end as the runner does
     }
     // m sends and m receives per step and rank, each the activation's bytes.
     const auto after = ProcessGroup::comm_counts();
@@ -136,6 +137,7 @@ TEST_CASE("pipeline p2p worker (run by torchrun)", "[.p2p-worker]") {
       }
     }
     flush();
+    p2p.finish_sends();
     CHECK(received == m);
   }
 }
