@@ -379,8 +379,8 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
 
 void Trainer::parallelize() {
   if (pp_ > 1) {
-    // Only this rank's stages are allocated and drawn; the MoE load counts of a layer live
-    // on its one stage, so nothing is summed across ranks.
+    // Only this rank's stages are allocated and drawn. The MoE load counts of a layer live on
+    // its stage: summed over the stage's DDP replicas, if any, never along the pipeline.
     pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
                                                    bf16_ ? at::kBFloat16 : at::kFloat, device_,
                                                    static_cast<uint64_t>(cfg_.debug.seed));
@@ -596,7 +596,7 @@ void Trainer::resume() {
   cg.writes = launch_.rank == 0 || (sharded_ && mesh_->replicate_index == 0) ||
               (tp_ > 1 && !sharded_ && dp_rank_ == 0);
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
-  // Under pipeline parallelism every rank writes what its stages hold.
+  // Under pipeline parallelism replica 0 of each stage writes what the stage holds.
   if (pipeline_) {
     cg.writes = dp_rank_ == 0;
     cg.writers = pp_;
