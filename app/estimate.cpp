@@ -276,11 +276,10 @@ void print_gib(const char* what, double bytes) {
 // `pl` is one micro-batch (local_batch = the pipeline micro-batch size).
 double stage_activations(Model& m, const Plan& pl, const PipelineStageSpec& sp) {
   const auto meta = at::TensorOptions().device(at::kMeta);
-  at::Tensor in = sp.has_embeddings
-                      ? at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong))
-                      : at::zeros({pl.local_batch, pl.seq_len / pl.tp, m.info().dim},
-                                  meta.dtype(m.compute_dtype()))
-                            .requires_grad_(true);
+  at::Tensor in = sp.has_embeddings ? at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong))
+                                    : at::zeros({pl.local_batch, pl.seq_len / pl.tp, m.info().dim},
+                                                meta.dtype(m.compute_dtype()))
+                                          .requires_grad_(true);
   const int64_t base = meta_memory_stats().allocated;
   at::Tensor out = m.forward_stage(in, sp.has_embeddings, sp.first_layer, sp.end_layer);
   if (sp.has_head)
@@ -301,7 +300,6 @@ double peak_in_flight(const std::vector<Action>& actions, const std::vector<doub
   }
   return peak;
 }
-
 
 struct EstimateArgs {
   JobConfig cfg;
@@ -538,9 +536,10 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
   pl.local_batch = inner.parallelism.pipeline_parallel_microbatch_size;
   std::unique_ptr<Model> m = activation_model(inner, pl, std::make_shared<double>(0));
   std::vector<double> per_stage;
-  std::printf("activations (one micro-batch of %lld x %lld through each stage, counted; then "
-              "the most a rank's schedule keeps in flight):\n",
-              static_cast<long long>(pl.local_batch), static_cast<long long>(pl.seq_len));
+  std::printf(
+      "activations (one micro-batch of %lld x %lld through each stage, counted; then "
+      "the most a rank's schedule keeps in flight):\n",
+      static_cast<long long>(pl.local_batch), static_cast<long long>(pl.seq_len));
   for (const PipelineStageSpec& sp : plan.stages.stages) {
     per_stage.push_back(stage_activations(*m, pl, sp));
     char name[48];

@@ -647,7 +647,8 @@ void Trainer::resume() {
   // Pipeline replicas start equal without it: the same per-name streams or checkpoint.
   if (ddp_ && !pipeline_) ddp_->broadcast_state(*model_);
   if (mesh_) mesh_->start_training();  // the world and its sub-groups
-  if (pipe_pg_) {  // the mesh's world is the stage group here
+  // Under pipeline parallelism the mesh's world is the stage group: the rest here.
+  if (pipe_pg_) {
     pg_->start_training();
     pipe_pg_->start_training();
   }

@@ -72,8 +72,9 @@ class ProcessGroup {
   // Switches collectives from the init timeout to comm.train_timeout_seconds.
   void start_training();
 
-  // The sub-group of `ranks` (ranks of this group, ascending), which must include this rank. Every member calls it with the same name and ranks; the name keys the
-  // sub-group's rendezvous in the store. A one-rank sub-group runs its collectives locally.
+  // The sub-group of `ranks` (ranks of this group, ascending), which must include this rank. Every
+  // member calls it with the same name and ranks; the name keys the sub-group's rendezvous in the
+  // store. A one-rank sub-group runs its collectives locally.
   std::unique_ptr<ProcessGroup> subgroup(const std::string& name,
                                          const std::vector<int64_t>& ranks);
 

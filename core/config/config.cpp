@@ -675,12 +675,12 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
                     "; allowed: a divisor of the world size");
   const DerivedConfig d = derive_config(cfg, world_size);
   if (d.dp_shard > 1)
-    throw UserError(head + " with a data-parallel shard degree of " +
-                    std::to_string(d.dp_shard) + " (world " + world + " / pipeline " + n +
+    throw UserError(head + " with a data-parallel shard degree of " + std::to_string(d.dp_shard) +
+                    " (world " + world + " / pipeline " + n +
                     "): FSDP of the pipeline stages is not implemented yet; allowed: "
                     "parallelism.data_parallel_shard_degree = 1 with "
-                    "data_parallel_replicate_degree = " + std::to_string(world_size / pp) +
-                    " (DDP replicas of the pipeline)");
+                    "data_parallel_replicate_degree = " +
+                    std::to_string(world_size / pp) + " (DDP replicas of the pipeline)");
   struct Refused {
     bool on;
     const char* key;
@@ -697,11 +697,10 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   };
   for (const Refused& r : refused)
     if (r.on)
-      throw UserError(
-          head + " with " + r.key +
-          ": not implemented together with pipeline parallelism yet (issue 29); "
-          "allowed: pipeline parallelism alone or with DDP replicas, or "
-          "parallelism.pipeline_parallel_degree = 1");
+      throw UserError(head + " with " + r.key +
+                      ": not implemented together with pipeline parallelism yet (issue 29); "
+                      "allowed: pipeline parallelism alone or with DDP replicas, or "
+                      "parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

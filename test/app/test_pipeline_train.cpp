@@ -122,12 +122,14 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
   // PP 4; and PP 2 x DDP 2 (4 ranks: 2 replicas of a 2-stage pipeline, each its own half
   // of the global batch of 8, against 1 rank accumulating 2 micro-batches of 4).
   check_layouts("--training.global_batch_size 8",
-                {{4, "--parallelism.pipeline_parallel_schedule 1F1B "
-                     "--training.local_batch_size 8"},
-                 {4, "--parallelism.pipeline_parallel_degree 2 "
-                     "--parallelism.data_parallel_replicate_degree 2 "
-                     "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
-                         kTwoPerRank}});
+                {{4,
+                  "--parallelism.pipeline_parallel_schedule 1F1B "
+                  "--training.local_batch_size 8"},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.data_parallel_replicate_degree 2 "
+                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
+                      kTwoPerRank}});
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",
@@ -217,8 +219,9 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
   REQUIRE(r5.rc == 0);
   const auto m4 = metrics(four);
   worst = std::max(worst, worst_rel({{3, m4.at(3)}, {4, m4.at(4)}}, metrics(back)));
-  WARN("llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2, PP 2 x DDP 2 -> 1 "
-       "rank: max relative loss / grad norm difference over the resumed steps "
-       << worst);
+  WARN(
+      "llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2, PP 2 x DDP 2 -> 1 "
+      "rank: max relative loss / grad norm difference over the resumed steps "
+      << worst);
   CHECK(worst < 1e-5);
 }
