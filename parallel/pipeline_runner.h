@@ -54,8 +54,6 @@ class PipelineRunner {
   double last_compute_ms() const { return compute_ms_; }
   double last_total_ms() const { return total_ms_; }
 
-  const PipelineStagePlan& plan() const { return plan_; }
-  const PipelineSchedule& schedule() const { return schedule_; }
   int64_t rank() const { return rank_; }
   const std::vector<int64_t>& stages() const { return stages_; }  // this rank's, in order
   // Store indices of the parameters of this rank's stages (the model's ParamUnits
