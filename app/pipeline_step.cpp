@@ -8,7 +8,8 @@
 namespace titan {
 
 PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp,
-                                   at::ScalarType dtype, at::Device device, uint64_t seed)
+                                   at::ScalarType dtype, at::Device device, uint64_t seed,
+                                   bool allocate)
     : cfg_(cfg), model_(model), pp_(pp) {
   plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
   const auto& par = cfg.parallelism;
@@ -17,6 +18,7 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
   runner_ = std::make_unique<PipelineRunner>(model, pp, plan_.stages, plan_.schedule,
                                              std::move(activation), dtype, device);
   params_ = runner_->stage_params();
+  if (!allocate) return;
   model.params().materialize(params_);
   model.init_weights(seed);  // draws only the allocated parameters (the streams are by name)
 }
@@ -76,6 +78,9 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
   // the mean over every sequence, as train_step's.
   const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
   StepResult r;
+  // The schedule interleaves the backwards of its micro-batches, so no backward is "the last
+  // micro-batch's": the replicas' gradients are summed in reduce_gradients, once.
+  if (sync) sync->begin_micro_batch(false);
   for (const MicroBatch& big : micro) {
     TORCH_CHECK(big.tokens.size(0) == n * mbs, "pipeline step: a micro-batch of ",
                 big.tokens.size(0), " sequences for ", n, " pipeline micro-batches of ", mbs);

@@ -28,9 +28,10 @@ namespace titan {
 class PipelineTraining {
  public:
   // `model` was built with its parameters deferred (meta): this allocates and initializes
-  // from `seed` only those of this rank's stages. `pp` is the pipeline group.
+  // from `seed` only those of this rank's stages, unless `allocate` is false (FSDP of the
+  // stages: the caller shards params() and initializes them). `pp` is the pipeline group.
   PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp, at::ScalarType dtype,
-                   at::Device device, uint64_t seed);
+                   at::Device device, uint64_t seed, bool allocate = true);
 
   // Store indices of this rank's parameters, ascending (what the optimizer steps).
   const std::vector<int64_t>& params() const { return params_; }

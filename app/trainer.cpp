@@ -383,8 +383,28 @@ void Trainer::parallelize() {
     // its stage: summed over the stage's DDP replicas, if any, never along the pipeline.
     pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
                                                    bf16_ ? at::kBFloat16 : at::kFloat, device_,
-                                                   static_cast<uint64_t>(cfg_.debug.seed));
-    if (mesh_->dp_degree() > 1) {
+                                                   static_cast<uint64_t>(cfg_.debug.seed),
+                                                   /*allocate=*/!fsdp_);
+    if (fsdp_) {
+      // FSDP (HSDP with replicas) of each stage over the stage's data-parallel ranks, as
+      // torchtitan: no reshard after forward inside a step (the schedule runs each stage's
+      // forward once per micro-batch), so a unit is gathered once per step.
+      FsdpOptions fo;
+      fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
+      fo.reduce_dtype = reduce_dtype(cfg_);
+      fo.reshard_after_forward = false;
+      fo.gather_once_per_step = true;
+      fo.only_params = pipeline_->params();
+      if (!comm_overlap()) {
+        fo.backward_prefetch = false;
+        fo.max_inflight_reductions = 0;
+      }
+      sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
+      model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+      grad_sync_ = sharded_.get();
+      model_->set_dp_allreduce(
+          [g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
+    } else if (mesh_->dp_degree() > 1) {
       // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
       // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
       std::vector<at::Tensor> mine;
@@ -529,8 +549,10 @@ void Trainer::log_plan() const {
              describe_tp(*model_, tp_);
   if (pipeline_)
     layout = pipeline_->describe() +
-             (ddp_ ? "; " + std::to_string(d_.dp_degree) + " DDP replicas, " + ddp_->describe()
-                   : std::string());
+             (ddp_        ? "; " + std::to_string(d_.dp_degree) + " DDP replicas, " +
+                                ddp_->describe()
+              : sharded_ ? "; each stage " + layout
+                         : std::string());
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
@@ -598,8 +620,8 @@ void Trainer::resume() {
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
   // Under pipeline parallelism replica 0 of each stage writes what the stage holds.
   if (pipeline_) {
-    cg.writes = dp_rank_ == 0;
-    cg.writers = pp_;
+    cg.writes = sharded_ ? mesh_->replicate_index == 0 : dp_rank_ == 0;
+    cg.writers = pp_ * (sharded_ ? mesh_->shard : 1);
   }
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
@@ -620,6 +642,7 @@ void Trainer::resume() {
     state_.holds_buffer = [p = pipeline_.get()](const std::string& name) {
       return p->holds_buffer(name);
     };
+    state_.stage_lead = !sharded_ || mesh_->shard_index == 0;
   }
   // The loader's position (global samples and draws per source) is the same on every rank
   // and independent of the world size, so a resume on another layout continues it.

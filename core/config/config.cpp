@@ -673,14 +673,13 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   if (world_size % pp != 0)
     throw UserError(head + " does not divide the world size " + world +
                     "; allowed: a divisor of the world size");
-  const DerivedConfig d = derive_config(cfg, world_size);
-  if (d.dp_shard > 1)
-    throw UserError(head + " with a data-parallel shard degree of " + std::to_string(d.dp_shard) +
-                    " (world " + world + " / pipeline " + n +
-                    "): FSDP of the pipeline stages is not implemented yet; allowed: "
-                    "parallelism.data_parallel_shard_degree = 1 with "
-                    "data_parallel_replicate_degree = " +
-                    std::to_string(world_size / pp) + " (DDP replicas of the pipeline)");
+  // FSDP of the stages keeps a stage's weights gathered through the step (each micro-batch's
+  // forward uses them): resharding after every forward would gather once per micro-batch.
+  if (derive_config(cfg, world_size).dp_shard > 1 && p.fsdp_reshard_after_forward == "always")
+    throw UserError(head + " with parallelism.fsdp_reshard_after_forward = \"always\" and a "
+                    "sharded data-parallel dimension: not implemented (each stage's weights are "
+                    "gathered once per step under pipeline parallelism); allowed: \"default\" "
+                    "or \"never\"");
   struct Refused {
     bool on;
     const char* key;
@@ -699,8 +698,8 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     if (r.on)
       throw UserError(head + " with " + r.key +
                       ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone or with DDP replicas, or "
-                      "parallelism.pipeline_parallel_degree = 1");
+                      "allowed: pipeline parallelism alone or with data parallelism (DDP, "
+                      "FSDP, HSDP), or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

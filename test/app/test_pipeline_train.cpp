@@ -119,8 +119,9 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
       {{2, "--parallelism.pipeline_parallel_schedule 1F1B"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
-  // PP 4; and PP 2 x DDP 2 (4 ranks: 2 replicas of a 2-stage pipeline, each its own half
-  // of the global batch of 8, against 1 rank accumulating 2 micro-batches of 4).
+  // PP 4; PP 2 x DDP 2 and PP 2 x FSDP 2 (4 ranks: 2 replicas or 2 shards of a 2-stage
+  // pipeline, each its own half of the global batch of 8, against 1 rank accumulating 2
+  // micro-batches of 4).
   check_layouts("--training.global_batch_size 8",
                 {{4,
                   "--parallelism.pipeline_parallel_schedule 1F1B "
@@ -128,6 +129,10 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
                  {4,
                   "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.data_parallel_replicate_degree 2 "
+                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
+                      kTwoPerRank},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
                       kTwoPerRank}});
 }
@@ -156,13 +161,15 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
     CHECK_THAT(r.out, Contains(c.says));
     CHECK_THAT(r.out, !Contains("step:"));
   }
-  // 4 ranks, PP 2: the other 2 default to FSDP, which the stages do not carry yet.
-  auto fsdp = train(4, "--parallelism.pipeline_parallel_degree 2", dir.file("run"));
+  // 4 ranks, PP 2: the other 2 default to FSDP, whose stages stay gathered through a step.
+  auto fsdp = train(4,
+                    "--parallelism.pipeline_parallel_degree 2 "
+                    "--parallelism.fsdp_reshard_after_forward always",
+                    dir.file("run"));
   INFO(fsdp.out);
-  CHECK(fsdp.rc != 0);
-  CHECK_THAT(fsdp.out, Contains("FSDP of the pipeline stages is not implemented yet; allowed: "
-                                "parallelism.data_parallel_shard_degree = 1 with "
-                                "data_parallel_replicate_degree = 2"));
+  CHECK(fsdp.rc == 2);
+  CHECK_THAT(fsdp.out, Contains("parallelism.fsdp_reshard_after_forward = \"always\" and a "
+                                "sharded data-parallel dimension: not implemented"));
 }
 
 TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
@@ -204,24 +211,43 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
     std::map<int64_t, Step> expect{{3, c.expect->at(3)}, {4, c.expect->at(4)}};
     worst = std::max(worst, worst_rel(expect, m));
   }
-  // PP 2 x DDP 2 (replica 0 of each stage writes): its step 2 on 1 rank.
-  const std::string ddp = flags + "--training.global_batch_size 8 " + pp +
-                          "2 --parallelism.data_parallel_replicate_degree 2";
-  test::TempDir four("pp_ck4"), back("pp_ck4_1");
-  auto r4 = train(4, ddp, four.path.string());
-  INFO(r4.out);
-  REQUIRE(r4.rc == 0);
-  std::filesystem::create_directories(back.file("checkpoint"));
-  std::filesystem::copy(four.file("checkpoint/step-2"), back.file("checkpoint/step-2"),
-                        std::filesystem::copy_options::recursive);
-  auto r5 = train(1, flags + "--training.global_batch_size 8", back.path.string());
-  INFO(r5.out);
-  REQUIRE(r5.rc == 0);
-  const auto m4 = metrics(four);
-  worst = std::max(worst, worst_rel({{3, m4.at(3)}, {4, m4.at(4)}}, metrics(back)));
+  // 4 ranks, global batch 8: PP 2 x DDP 2 (replica 0 of each stage writes) and PP 2 x FSDP 2
+  // (both shards of each stage write their rows), each resumed on 1 rank; the FSDP one also
+  // on PP 4, and 1 rank's step 2 on PP 2 x FSDP 2.
+  const std::string b8 = flags + "--training.global_batch_size 8 ";
+  const std::string pp2 = b8 + pp + "2", ddp = pp2 + " --parallelism.data_parallel_replicate_degree 2";
+  test::TempDir one8("pp_ck8");
+  auto r8 = train(1, b8, one8.path.string());
+  INFO(r8.out);
+  REQUIRE(r8.rc == 0);
+  const auto m8 = metrics(one8);
+  auto resume = [&](const test::TempDir& from, int nproc, const std::string& args) {
+    test::TempDir to("pp_ck_resume");
+    std::filesystem::create_directories(to.file("checkpoint"));
+    std::filesystem::copy(from.file("checkpoint/step-2"), to.file("checkpoint/step-2"),
+                          std::filesystem::copy_options::recursive);
+    auto r = train(nproc, args, to.path.string());
+    INFO(nproc << " ranks " << args << "\n" << r.out);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("resumed from"));
+    return metrics(to);
+  };
+  for (const std::string& layout : {ddp, pp2}) {
+    test::TempDir four("pp_ck4");
+    auto r4 = train(4, layout, four.path.string());
+    INFO(r4.out);
+    REQUIRE(r4.rc == 0);
+    const auto m4 = metrics(four);
+    worst = std::max(worst, worst_rel(m8, m4));
+    const std::map<int64_t, Step> expect{{3, m4.at(3)}, {4, m4.at(4)}};
+    worst = std::max(worst, worst_rel(expect, resume(four, 1, b8)));
+    if (layout == pp2) worst = std::max(worst, worst_rel(expect, resume(four, 4, b8 + pp + "4")));
+  }
+  worst = std::max(worst, worst_rel({{3, m8.at(3)}, {4, m8.at(4)}}, resume(one8, 4, pp2)));
   WARN(
       "llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2, PP 2 x DDP 2 -> 1 "
-      "rank: max relative loss / grad norm difference over the resumed steps "
+      "rank, PP 2 x FSDP 2 -> 1 rank and -> PP 4, 1 rank -> PP 2 x FSDP 2: max relative loss "
+      "/ grad norm difference over the resumed steps (and 4-rank runs vs 1 rank) "
       << worst);
   CHECK(worst < 1e-5);
 }
