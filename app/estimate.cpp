@@ -495,14 +495,16 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
 void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan) {
   const auto& par = cfg.parallelism;
   // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
-  // dtype. Under TP each tp rank sends its own copy (no sequence sharding across stages yet).
+  // dtype. Under TP each tp rank sends its sequence shard (sequence parallel) to the same tp
+  // rank of the next stage.
   const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
-  const double act = static_cast<double>(par.pipeline_parallel_microbatch_size *
-                                         cfg.training.seq_len * info.dim * dtype_bytes);
+  const int64_t seq = cfg.training.seq_len / par.tensor_parallel_degree;
+  const double act =
+      static_cast<double>(par.pipeline_parallel_microbatch_size * seq * info.dim * dtype_bytes);
   constexpr double kMib = 1024.0 * 1024.0;
   std::printf("p2p per step: activation (%lld, %lld, %lld) %s = %.3f MiB per transfer\n",
               static_cast<long long>(par.pipeline_parallel_microbatch_size),
-              static_cast<long long>(cfg.training.seq_len), static_cast<long long>(info.dim),
+              static_cast<long long>(seq), static_cast<long long>(info.dim),
               dtype_bytes == 2 ? "bfloat16" : "float32", act / kMib);
   int64_t all_sends = 0;
   for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
@@ -554,6 +556,52 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
   }
 }
 
+// The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
+// parameter), split over dp_shard x tp as evenly as FSDP and TP allow; under FSDP also its
+// weights gathered in the compute dtype, which stay whole through the step (each
+// micro-batch's forward and backward uses them).
+void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
+                        int64_t dp_shard) {
+  const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
+  const double gathered_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2.0 : 4.0;
+  const auto units = m.param_units();
+  const auto& params = m.params().all();
+  std::printf(
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld%s):\n",
+      static_cast<long long>(dp_shard), static_cast<long long>(tp),
+      dp_shard > 1 ? "; then the weights FSDP gathers, held through the step" : "");
+  std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
+  for (const PipelineStageSpec& sp : st.stages) {
+    int64_t n = 0;
+    for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
+      for (int64_t i : units[static_cast<size_t>(u)].params) {
+        int64_t k = 1;
+        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
+        n += k;
+      }
+    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(dp_shard * tp);
+    const double gathered =
+        dp_shard > 1 ? gathered_bytes * static_cast<double>(n) / static_cast<double>(tp) : 0.0;
+    per_rank[static_cast<size_t>(sp.rank)] += bytes + gathered;
+    char name[64];
+    const bool billions = n >= 1000000000;
+    std::snprintf(name, sizeof name, "stage %lld (rank %lld), %.3f%s params",
+                  static_cast<long long>(sp.index), static_cast<long long>(sp.rank),
+                  static_cast<double>(n) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
+    print_gib(name, bytes);
+    if (dp_shard > 1) {
+      std::snprintf(name, sizeof name, "stage %lld, gathered weights",
+                    static_cast<long long>(sp.index));
+      print_gib(name, gathered);
+    }
+  }
+  for (int64_t r = 0; r < pp; ++r) {
+    char name[48];
+    std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
+    print_gib(name, per_rank[static_cast<size_t>(r)]);
+  }
+}
+
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
 // the training state of each stage. The stage split, schedule and check are --dump-schedule's
 // (app/pipeline_dump.h), then each stage's activations and each rank's peak of them. The step
@@ -598,36 +646,7 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
 
   print_pipeline_p2p(cfg, info, plan);
 
-  // The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
-  // parameter), split over dp_shard x tp as evenly as FSDP and TP allow.
-  const auto units = m->param_units();
-  const auto& params = m->params().all();
-  std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld):\n",
-      static_cast<long long>(d.dp_shard), static_cast<long long>(tp));
-  std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
-  for (const PipelineStageSpec& sp : st.stages) {
-    int64_t n = 0;
-    for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
-      for (int64_t i : units[static_cast<size_t>(u)].params) {
-        int64_t k = 1;
-        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
-        n += k;
-      }
-    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(d.dp_shard * tp);
-    per_rank[static_cast<size_t>(sp.rank)] += bytes;
-    char name[48];
-    const bool billions = n >= 1000000000;
-    std::snprintf(name, sizeof name, "stage %lld (rank %lld), %.3f%s params",
-                  static_cast<long long>(sp.index), static_cast<long long>(sp.rank),
-                  static_cast<double>(n) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
-    print_gib(name, bytes);
-  }
-  for (int64_t r = 0; r < pp; ++r) {
-    char name[48];
-    std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
-    print_gib(name, per_rank[static_cast<size_t>(r)]);
-  }
+  print_stage_memory(cfg, *m, st, d.dp_shard);
   print_pipeline_activations(inner, world / pp, plan);
   std::printf("time: not modelled under pipeline parallelism yet (issue 29)\n");
   return 0;

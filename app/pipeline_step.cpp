@@ -13,7 +13,10 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
     : cfg_(cfg), model_(model), pp_(pp) {
   plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
   const auto& par = cfg.parallelism;
-  std::vector<int64_t> activation{par.pipeline_parallel_microbatch_size, cfg.training.seq_len,
+  // Under tensor parallelism the blocks pass sequence shards (sequence parallel): each tp
+  // rank sends its own shard to the same tp rank of the next stage.
+  std::vector<int64_t> activation{par.pipeline_parallel_microbatch_size,
+                                  cfg.training.seq_len / par.tensor_parallel_degree,
                                   model.info().dim};
   runner_ = std::make_unique<PipelineRunner>(model, pp, plan_.stages, plan_.schedule,
                                              std::move(activation), dtype, device);

@@ -377,44 +377,52 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
   ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
 }
 
+// Pipeline parallelism: tensor parallelism first (the stages' parameters become tp slices),
+// then only this rank's stages are allocated and drawn, sharded (FSDP, HSDP) or replicated
+// (DDP) over the stage's data-parallel ranks. The MoE load counts of a layer live on its
+// stage: summed over the stage group, never along the pipeline.
+void Trainer::parallelize_pipeline() {
+  apply_tp();
+  pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
+                                                 bf16_ ? at::kBFloat16 : at::kFloat, device_,
+                                                 static_cast<uint64_t>(cfg_.debug.seed),
+                                                 /*allocate=*/!fsdp_);
+  if (fsdp_) {
+    // As torchtitan: no reshard after forward inside a step (the schedule runs each stage's
+    // forward once per micro-batch), so a unit is gathered once per step.
+    FsdpOptions fo;
+    fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = reduce_dtype(cfg_);
+    fo.reshard_after_forward = false;
+    fo.gather_once_per_step = true;
+    fo.only_params = pipeline_->params();
+    if (!comm_overlap()) {
+      fo.backward_prefetch = false;
+      fo.max_inflight_reductions = 0;
+    }
+    sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
+    model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    grad_sync_ = sharded_.get();
+  } else if (mesh_->dp_degree() > 1) {
+    // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
+    // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
+    std::vector<at::Tensor> mine;
+    for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
+    ddp_ = std::make_unique<DataParallel>(*mesh_->replicate_group, mine, reduce_dtype(cfg_),
+                                          25 << 20, /*overlap=*/false);
+    grad_sync_ = ddp_.get();
+  }
+  if (tp_ > 1) {
+    tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
+    grad_sync_ = tp_sync_.get();
+  }
+  if (mesh_->world->size() > 1)
+    model_->set_dp_allreduce([g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
+}
+
 void Trainer::parallelize() {
   if (pp_ > 1) {
-    // Only this rank's stages are allocated and drawn. The MoE load counts of a layer live on
-    // its stage: summed over the stage's DDP replicas, if any, never along the pipeline.
-    pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
-                                                   bf16_ ? at::kBFloat16 : at::kFloat, device_,
-                                                   static_cast<uint64_t>(cfg_.debug.seed),
-                                                   /*allocate=*/!fsdp_);
-    if (fsdp_) {
-      // FSDP (HSDP with replicas) of each stage over the stage's data-parallel ranks, as
-      // torchtitan: no reshard after forward inside a step (the schedule runs each stage's
-      // forward once per micro-batch), so a unit is gathered once per step.
-      FsdpOptions fo;
-      fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-      fo.reduce_dtype = reduce_dtype(cfg_);
-      fo.reshard_after_forward = false;
-      fo.gather_once_per_step = true;
-      fo.only_params = pipeline_->params();
-      if (!comm_overlap()) {
-        fo.backward_prefetch = false;
-        fo.max_inflight_reductions = 0;
-      }
-      sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
-      model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
-      grad_sync_ = sharded_.get();
-      model_->set_dp_allreduce(
-          [g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
-    } else if (mesh_->dp_degree() > 1) {
-      // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
-      // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
-      std::vector<at::Tensor> mine;
-      for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
-      ddp_ = std::make_unique<DataParallel>(*mesh_->world, mine, reduce_dtype(cfg_), 25 << 20,
-                                            /*overlap=*/false);
-      grad_sync_ = ddp_.get();
-      model_->set_dp_allreduce(
-          [g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
-    }
+    parallelize_pipeline();
     return;
   }
   apply_tp();
@@ -621,7 +629,7 @@ void Trainer::resume() {
   // Under pipeline parallelism replica 0 of each stage writes what the stage holds.
   if (pipeline_) {
     cg.writes = sharded_ ? mesh_->replicate_index == 0 : dp_rank_ == 0;
-    cg.writers = pp_ * (sharded_ ? mesh_->shard : 1);
+    cg.writers = pp_ * (sharded_ ? mesh_->shard : 1) * tp_;
   }
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
@@ -642,7 +650,7 @@ void Trainer::resume() {
     state_.holds_buffer = [p = pipeline_.get()](const std::string& name) {
       return p->holds_buffer(name);
     };
-    state_.stage_lead = !sharded_ || mesh_->shard_index == 0;
+    state_.stage_lead = (!sharded_ || mesh_->shard_index == 0) && mesh_->tp_index == 0;
   }
   // The loader's position (global samples and draws per source) is the same on every rank
   // and independent of the world size, so a resume on another layout continues it.

@@ -657,8 +657,9 @@ void validate_config(const JobConfig& cfg) {
         "checkpoint.enable = true (the seed is written to the checkpoint folder)");
 }
 
-// Pipeline training runs alone for now: the pipeline spans the world, and the features
-// not yet carried through the stages are refused by name (docs/distributed.md).
+// Pipeline training: the pipeline is the outermost dimension (data parallelism inside it),
+// and the features not yet carried through the stages are refused by name
+// (docs/distributed.md).
 static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   const int64_t pp = p.pipeline_parallel_degree;
@@ -685,7 +686,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     const char* key;
   };
   const Refused refused[] = {
-      {p.tensor_parallel_degree > 1, "parallelism.tensor_parallel_degree > 1"},
       {p.expert_parallel_degree > 1, "parallelism.expert_parallel_degree > 1"},
       {cfg.compile.enable, "compile.enable = true"},
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
@@ -698,8 +698,8 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     if (r.on)
       throw UserError(head + " with " + r.key +
                       ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone or with data parallelism (DDP, "
-                      "FSDP, HSDP), or parallelism.pipeline_parallel_degree = 1");
+                      "allowed: pipeline parallelism alone or with data (DDP, FSDP, HSDP) "
+                      "and tensor parallelism, or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

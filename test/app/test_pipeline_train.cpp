@@ -113,13 +113,19 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
           "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
+  // PP 2 x TP 2 with expert TP 2 (4 ranks): each tp rank sends its sequence shard.
   check_layouts(
       "--model.name llama4 --training.global_batch_size 8 "
       "--activation_checkpoint.mode full",
-      {{2, "--parallelism.pipeline_parallel_schedule 1F1B"}});
+      {{2, "--parallelism.pipeline_parallel_schedule 1F1B"},
+       {4,
+        "--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
+        "--parallelism.expert_tensor_parallel_degree 2 "
+        "--parallelism.pipeline_parallel_schedule 1F1B"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
-  // PP 4; PP 2 x DDP 2 and PP 2 x FSDP 2 (4 ranks: 2 replicas or 2 shards of a 2-stage
+  // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
+  // ranks of a 2-stage
   // pipeline, each its own half of the global batch of 8, against 1 rank accumulating 2
   // micro-batches of 4).
   check_layouts("--training.global_batch_size 8",
@@ -134,6 +140,11 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
                  {4,
                   "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
+                      kTwoPerRank},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.tensor_parallel_degree 2 "
+                  "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
                       kTwoPerRank}});
 }
 
@@ -167,7 +178,7 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
                     "--parallelism.fsdp_reshard_after_forward always",
                     dir.file("run"));
   INFO(fsdp.out);
-  CHECK(fsdp.rc == 2);
+  CHECK(fsdp.rc != 0);
   CHECK_THAT(fsdp.out, Contains("parallelism.fsdp_reshard_after_forward = \"always\" and a "
                                 "sharded data-parallel dimension: not implemented"));
 }
