@@ -383,6 +383,7 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
 // stage: summed over the stage group, never along the pipeline.
 void Trainer::parallelize_pipeline() {
   apply_tp();
+  if (cfg_.parallelism.expert_parallel_degree > 1) set_expert_exchange(*mesh_->ep_group);
   pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
                                                  bf16_ ? at::kBFloat16 : at::kFloat, device_,
                                                  static_cast<uint64_t>(cfg_.debug.seed),
@@ -555,12 +556,9 @@ void Trainer::log_plan() const {
   if (tp_ > 1)
     layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
              describe_tp(*model_, tp_);
-  if (pipeline_)
+  if (pipeline_)  // what each stage's ranks do, if more than one holds it
     layout = pipeline_->describe() +
-             (ddp_        ? "; " + std::to_string(d_.dp_degree) + " DDP replicas, " +
-                                ddp_->describe()
-              : sharded_ ? "; each stage " + layout
-                         : std::string());
+             (layout == "single process" ? std::string() : "; each stage: " + layout);
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);

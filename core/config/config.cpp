@@ -686,7 +686,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     const char* key;
   };
   const Refused refused[] = {
-      {p.expert_parallel_degree > 1, "parallelism.expert_parallel_degree > 1"},
       {cfg.compile.enable, "compile.enable = true"},
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
       {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
@@ -698,8 +697,8 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     if (r.on)
       throw UserError(head + " with " + r.key +
                       ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone or with data (DDP, FSDP, HSDP) "
-                      "and tensor parallelism, or parallelism.pipeline_parallel_degree = 1");
+                      "allowed: pipeline parallelism alone or with data (DDP, FSDP, HSDP), "
+                      "tensor and expert parallelism, or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

@@ -109,19 +109,22 @@ TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
                         Contains("MiB for the whole model (ratio 0.5"));
 }
 
-TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and AC",
+TEST_CASE("pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, accumulation and AC",
           "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
-  // PP 2 x TP 2 with expert TP 2 (4 ranks): each tp rank sends its sequence shard.
+  // llama4 torchtitan 17Bx128E's composition in small: PP 2 x FSDP 2 x TP 2 with expert TP
+  // 2 (8 ranks); each tp rank sends its sequence shard.
   check_layouts(
       "--model.name llama4 --training.global_batch_size 8 "
       "--activation_checkpoint.mode full",
       {{2, "--parallelism.pipeline_parallel_schedule 1F1B"},
-       {4,
+       {8,
         "--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
         "--parallelism.expert_tensor_parallel_degree 2 "
-        "--parallelism.pipeline_parallel_schedule 1F1B"}});
+        "--parallelism.pipeline_parallel_schedule 1F1B"},
+       // PP 2 x EP 2 (4 ranks): each stage's experts over its 2 ranks, exchanged by all-to-all.
+       {4, "--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
   // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
@@ -145,7 +148,12 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
                   "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.tensor_parallel_degree 2 "
                   "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
-                      kTwoPerRank}});
+                      kTwoPerRank},
+                 // HSDP: PP 2 x (2 replicas x 2 shards), 8 ranks.
+                 {8,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.data_parallel_replicate_degree 2 "
+                  "--training.local_batch_size 2"}});
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",
