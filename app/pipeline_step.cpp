@@ -10,7 +10,7 @@ namespace titan {
 PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp,
                                    at::ScalarType dtype, at::Device device, uint64_t seed,
                                    bool allocate)
-    : cfg_(cfg), model_(model), pp_(pp) {
+    : cfg_(cfg), model_(model), pp_(pp), dtype_(dtype), device_(device) {
   plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
   const auto& par = cfg.parallelism;
   // Under tensor parallelism the blocks pass sequence shards (sequence parallel): each tp
@@ -24,6 +24,31 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
   if (!allocate) return;
   model.params().materialize(params_);
   model.init_weights(seed);  // draws only the allocated parameters (the streams are by name)
+}
+
+bool PipelineTraining::holds_last_stage() const {
+  return plan_.stages.stage_to_rank().back() == runner_->rank();
+}
+
+at::Tensor PipelineTraining::eval_loss_sum(const MicroBatch& batch) {
+  const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
+  const int64_t n = batch.tokens.size(0) / mbs;
+  if (!eval_runner_) {
+    const auto& v = cfg_.validation;
+    TORCH_CHECK(v.local_batch_size % mbs == 0, "validation batch ", v.local_batch_size,
+                " for micro-batches of ", mbs);  // validate_config refuses it
+    std::vector<int64_t> activation{mbs, v.seq_len / cfg_.parallelism.tensor_parallel_degree,
+                                    model_.info().dim};
+    const PipelineStagePlan& sp = plan_.stages;
+    eval_runner_ = std::make_unique<PipelineRunner>(
+        model_, pp_, sp, make_forward_schedule(sp.stage_to_rank(), sp.pp_degree, n),
+        std::move(activation), dtype_, device_);
+  }
+  std::vector<MicroBatch> pieces;
+  for (int64_t k = 0; k < n; ++k)
+    pieces.push_back(
+        {batch.tokens.narrow(0, k * mbs, mbs), batch.labels.narrow(0, k * mbs, mbs)});
+  return eval_runner_->run(pieces, /*global_tokens=*/1.0, /*aux_div=*/1.0);
 }
 
 bool PipelineTraining::holds_layer(int64_t l) const {

@@ -41,6 +41,12 @@ class PipelineTraining {
   // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
   StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
                   GradSync* sync = nullptr);
+  // Validation: the summed token loss of `batch` (validation.local_batch_size sequences, cut
+  // into pipeline micro-batches) through the stages' forwards alone, no gradient; on the
+  // ranks holding the last stage, zero elsewhere. Call under NoGradGuard.
+  at::Tensor eval_loss_sum(const MicroBatch& batch);
+  // Whether this rank holds the last stage (it scores the tokens).
+  bool holds_last_stage() const;
   // "pipeline parallel 2 (1F1B, 2 stages, 4 micro-batches of 1): this rank holds stage 0:
   // tok_embeddings, layers.0-2"
   std::string describe() const;
@@ -61,6 +67,9 @@ class PipelineTraining {
   ProcessGroup& pp_;
   PipelinePlan plan_;
   std::unique_ptr<PipelineRunner> runner_;
+  std::unique_ptr<PipelineRunner> eval_runner_;  // forwards only, validation's shapes
+  at::ScalarType dtype_;
+  at::Device device_;
   std::vector<int64_t> params_;
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
 };

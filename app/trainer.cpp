@@ -933,6 +933,11 @@ void Trainer::validate(int64_t step) {
   int64_t tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
     MicroBatch b = vr.next();
+    if (pipeline_) {  // the last stage's ranks score the pipeline's batch
+      sum += pipeline_->eval_loss_sum(b).to(at::kDouble);
+      tokens += pipeline_->holds_last_stage() ? b.labels.numel() : 0;
+      continue;
+    }
     sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);
     tokens += b.labels.numel() / cp_;  // a cp rank scores its slice of each sequence
   }

@@ -681,6 +681,12 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
                     "sharded data-parallel dimension: not implemented (each stage's weights are "
                     "gathered once per step under pipeline parallelism); allowed: \"default\" "
                     "or \"never\"");
+  const int64_t mbs = p.pipeline_parallel_microbatch_size;
+  if (cfg.validation.enable && cfg.validation.local_batch_size % mbs != 0)
+    throw UserError("validation.local_batch_size = " +
+                    std::to_string(cfg.validation.local_batch_size) + " with " + head +
+                    " is not a multiple of parallelism.pipeline_parallel_microbatch_size = " +
+                    std::to_string(mbs) + "; allowed: a multiple of it");
   struct Refused {
     bool on;
     const char* key;
@@ -690,7 +696,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
       {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
-      {cfg.validation.enable, "validation.enable = true"},
       {!cfg.model.converters.empty(), "model.converters (float8)"},
   };
   for (const Refused& r : refused)

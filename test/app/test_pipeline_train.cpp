@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -167,7 +168,10 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
       {"--checkpoint.enable true --checkpoint.last_save_in_hf true",
        "parallelism.pipeline_parallel_degree = 2 with checkpoint.last_save_in_hf = true: not "
        "implemented together with pipeline parallelism yet"},
-      {"--validation.enable true", "with validation.enable = true: not implemented"},
+      {"--validation.enable true --validation.local_batch_size 3 "
+       "--parallelism.pipeline_parallel_microbatch_size 2 --training.local_batch_size 4",
+       "validation.local_batch_size = 3 with parallelism.pipeline_parallel_degree = 2 is not a "
+       "multiple of parallelism.pipeline_parallel_microbatch_size = 2"},
       {"--compile.enable true", "with compile.enable = true: not implemented"},
       {"--parallelism.pipeline_parallel_schedule_csv " + dir.file("dead.csv") +
            " --training.local_batch_size 2",
@@ -189,6 +193,58 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
   CHECK(fsdp.rc != 0);
   CHECK_THAT(fsdp.out, Contains("parallelism.fsdp_reshard_after_forward = \"always\" and a "
                                 "sharded data-parallel dimension: not implemented"));
+}
+
+TEST_CASE("pp: validation runs the stages' forwards and scores as without the pipeline",
+          "[pp][dist][app]") {
+  // Validation reads validation.steps batches per data-parallel rank, so PP 2 (dp 1) is
+  // compared with 1 rank and PP 2 x FSDP 2 (dp 2) with FSDP 2; the loss to 1e-5, the scored
+  // tokens exactly.
+  const std::string v =
+      "--validation.enable true --validation.freq 2 --validation.steps 2 "
+      "--validation.local_batch_size 4 --validation.seq_len 64 --training.global_batch_size 8 ";
+  auto scores = [](const test::TempDir& dir) {
+    std::map<int64_t, std::pair<double, int64_t>> out;
+    std::stringstream ss(test::read_file(dir.file("metrics.jsonl")));
+    for (std::string line; std::getline(ss, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("validation_loss"))
+        out[j["step"].get<int64_t>()] = {j["validation_loss"].get<double>(),
+                                         j["validation_tokens"].get<int64_t>()};
+    }
+    return out;
+  };
+  const std::string pp = "--parallelism.pipeline_parallel_degree 2 ";
+  struct Pair {
+    int ref_ranks;
+    std::string ref_args;
+    int ranks;
+    std::string args;
+  };
+  double worst = 0;
+  for (const Pair& c :
+       {Pair{1, "", 2,
+             pp + "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " + kTwoPerRank},
+        Pair{2, "", 4, pp}}) {
+    test::TempDir ref("pp_val_ref"), got("pp_val");
+    auto r = train(c.ref_ranks, v + c.ref_args, ref.path.string());
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    auto p = train(c.ranks, v + c.args, got.path.string());
+    INFO(p.out);
+    REQUIRE(p.rc == 0);
+    const auto a = scores(ref), b = scores(got);
+    REQUIRE(a.size() == 2);
+    REQUIRE(b.size() == 2);
+    for (auto& [step, x] : a) {
+      CHECK(b.at(step).second == x.second);
+      worst = std::max(worst, std::abs(b.at(step).first - x.first) / x.first);
+    }
+  }
+  WARN("validation under PP 2 vs 1 rank and PP 2 x FSDP 2 vs FSDP 2: max relative loss "
+       "difference "
+       << worst);
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
