@@ -93,22 +93,22 @@ std::string PipelineTraining::describe() const {
   return os.str();
 }
 
-StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
-                                  const StepOptions& o, GradSync* sync) {
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  opt.set_lr(o.lr);
-  mark(PhaseTimer::kStart);
+void PipelineTraining::bind(AdamW& opt, GradSync* sync) {
+  opt_ = &opt;
+  sync_ = sync;
+}
+
+at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& micro,
+                                              const StepOptions& o) {
   const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
   const int64_t n = plan_.microbatches;
   // The auxiliary loss of a pipeline micro-batch is a mean over its sequences: the step's is
   // the mean over every sequence, as train_step's.
   const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
-  StepResult r;
   // The schedule interleaves the backwards of its micro-batches, so no backward is "the last
   // micro-batch's": the replicas' gradients are summed in reduce_gradients, once.
-  if (sync) sync->begin_micro_batch(false);
+  if (sync_) sync_->begin_micro_batch(false);
+  at::Tensor total;
   for (const MicroBatch& big : micro) {
     TORCH_CHECK(big.tokens.size(0) == n * mbs, "pipeline step: a micro-batch of ",
                 big.tokens.size(0), " sequences for ", n, " pipeline micro-batches of ", mbs);
@@ -118,22 +118,50 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
     at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
     compute_ms_ += runner_->last_compute_ms();
     total_ms_ += runner_->last_total_ms();
-    r.loss = r.loss.defined() ? r.loss + loss : loss;
+    total = total.defined() ? total + loss : loss;
   }
-  std::vector<at::Tensor> mine;
-  for (int64_t i : params_) mine.push_back(model_.params()[i].value);
-  if (sync) sync->reduce_gradients(mine);
-  mark(PhaseTimer::kForwardBackwardDone);
+  return total;
+}
+
+std::vector<at::Tensor> PipelineTraining::mine() const {
+  std::vector<at::Tensor> out;
+  for (int64_t i : params_) out.push_back(model_.params()[i].value);
+  return out;
+}
+
+void PipelineTraining::reduce_gradients() {
+  if (sync_) sync_->reduce_gradients(mine());
+}
+
+at::Tensor PipelineTraining::optimizer(const StepOptions& o) {
+  TORCH_CHECK(opt_, "PipelineTraining: no optimizer bound");
   RECORD_USER_SCOPE("titan::optimizer");
-  at::Tensor norm_sq = grad_norm_sq(mine);
-  if (sync) sync->reduce_norm_sq(norm_sq);
+  const std::vector<at::Tensor> params = mine();
+  at::Tensor norm_sq = grad_norm_sq(params);
+  if (sync_) sync_->reduce_norm_sq(norm_sq);
   pp_.allreduce(norm_sq, ReduceOp::Sum);  // every stage's share of the one norm
-  r.grad_norm = at::sqrt(norm_sq);
-  clip_grad_norm(mine, o.max_norm, r.grad_norm);
-  opt.step();
+  at::Tensor norm = at::sqrt(norm_sq);
+  clip_grad_norm(params, o.max_norm, norm);
+  opt_->step();
   model_.weights_updated();
-  opt.zero_grad();
+  opt_->zero_grad();
   model_.after_optimizer_step();
+  return norm;
+}
+
+StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
+                                  const StepOptions& o, GradSync* sync) {
+  bind(opt, sync);
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  opt.set_lr(o.lr);
+  mark(PhaseTimer::kStart);
+  StepResult r;
+  r.loss = forward_backward(micro, o);
+  reduce_gradients();
+  mark(PhaseTimer::kForwardBackwardDone);
+  r.grad_norm = optimizer(o);
   mark(PhaseTimer::kOptimizerDone);
   return r;
 }

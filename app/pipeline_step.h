@@ -25,7 +25,7 @@
 
 namespace titan {
 
-class PipelineTraining {
+class PipelineTraining : public StepPhases {
  public:
   // `model` was built with its parameters deferred (meta): this allocates and initializes
   // from `seed` only those of this rank's stages, unless `allocate` is false (FSDP of the
@@ -41,6 +41,15 @@ class PipelineTraining {
   // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
   StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
                   GradSync* sync = nullptr);
+  // The optimizer and gradient sync the phases below use (step() binds them too).
+  void bind(AdamW& opt, GradSync* sync);
+  // StepPhases, for the capture check and the CUDA graphs (app/compiled_step.h): the schedule
+  // over every micro-batch (the loss share); the data-parallel gradient reduction; the norm
+  // over every stage, clipping, AdamW and the post-step update (the global norm).
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
+                              const StepOptions& o) override;
+  void reduce_gradients() override;
+  at::Tensor optimizer(const StepOptions& o) override;
   // Validation: the summed token loss of `batch` (validation.local_batch_size sequences, cut
   // into pipeline micro-batches) through the stages' forwards alone, no gradient; on the
   // ranks holding the last stage, zero elsewhere. Call under NoGradGuard.
@@ -71,6 +80,9 @@ class PipelineTraining {
   at::ScalarType dtype_;
   at::Device device_;
   std::vector<int64_t> params_;
+  AdamW* opt_ = nullptr;
+  GradSync* sync_ = nullptr;
+  std::vector<at::Tensor> mine() const;  // this rank's parameters, in params_' order
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
 };
 

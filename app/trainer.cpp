@@ -517,7 +517,9 @@ void Trainer::setup_compile() {
   // The backend the model resolved (with compile.enable: static_step) for its shapes.
   const bool loop = moe && model_->experts_backend() == "loop";
   check_compile_config(cfg_, moe, loop);
-  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
+  if (pipeline_) pipeline_->bind(*opt_, grad_sync_);
+  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_,
+                                             /*warmup_steps=*/3, pipeline_.get());
   log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
                    "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
                  : std::string("=> compile: no CUDA here; the step runs eagerly under the "
@@ -941,6 +943,9 @@ void Trainer::validate(int64_t step) {
     sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);
     tokens += b.labels.numel() / cp_;  // a cp rank scores its slice of each sequence
   }
+  // FSDP of pipeline stages keeps a unit gathered until its step ends: drop validation's, so
+  // that every train step starts from the shards (the same ops each step).
+  if (pipeline_ && sharded_) sharded_->release_gathered();
   if (pg_) {  // each rank scored its own windows
     at::Tensor tk = at::full({}, static_cast<double>(tokens), sum.options());
     pg_->allreduce(sum);

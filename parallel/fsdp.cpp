@@ -455,9 +455,7 @@ void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) 
     for (size_t ui = 0; ui < units_.size(); ++ui) start_replication(static_cast<int64_t>(ui));
   for (Replication& rep : replications_) rep.flat.finish(shards_of(rep.unit));
   replications_.clear();
-  if (opts_.gather_once_per_step)  // the step's schedule is done with the full weights
-    for (auto& u : units_)
-      if (!u->full.empty()) release(*u);
+  if (opts_.gather_once_per_step) release_gathered();  // the step's schedule is done with them
   // A backward prefetch nobody consumed (a block whose output got no gradient) holds the
   // weights from before the optimizer step: finish it and drop it.
   for (auto& u : units_) {
@@ -465,6 +463,14 @@ void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) 
     u->prefetch_send = u->prefetch_recv = at::Tensor();
   }
   last_micro_batch_ = true;
+}
+
+void FullyShardedDataParallel::release_gathered() {
+  for (auto& u : units_) {
+    if (!u->full.empty() && !u->released) release(*u);
+    u->prefetch_work.wait();  // a prefetch nobody consumed: stale after the next step
+    u->prefetch_send = u->prefetch_recv = at::Tensor();
+  }
 }
 
 void FullyShardedDataParallel::reduce_norm_sq(at::Tensor& norm_sq) {

@@ -66,6 +66,9 @@ class FullyShardedDataParallel : public GradSync {
   // schedule's, begin_micro_batch(false) before it) all-reduces every unit over the replicas
   // here, once.
   void reduce_gradients(const std::vector<at::Tensor>& params) override;
+  // gather_once_per_step: frees the units gathered since the last step (an evaluation's
+  // forwards), so that the next forward gathers again.
+  void release_gathered();
   // Sums the squared norm of the local shards over the shard group.
   void reduce_norm_sq(at::Tensor& norm_sq) override;
 
