@@ -116,6 +116,7 @@ at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& mic
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({big.tokens.narrow(0, k * mbs, mbs), big.labels.narrow(0, k * mbs, mbs)});
     at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
+    if (o.plant_host_read && holds_last_stage()) plant_host_read(loss);
     compute_ms_ += runner_->last_compute_ms();
     total_ms_ += runner_->last_total_ms();
     total = total.defined() ? total + loss : loss;

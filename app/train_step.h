@@ -104,6 +104,10 @@ class PlainStepPhases : public StepPhases {
   GradSync* sync_;
 };
 
+// Test hook (StepOptions::plant_host_read, TITAN_PLANT_ERROR=host_read): a host read of the
+// loss after the output layer, the break the capture check must refuse (exit 2).
+void plant_host_read(const at::Tensor& loss);
+
 // Sets the model's recompute policy from activation_checkpoint.mode and
 // selective_ac_option, as a training run does (the trainer and `titan-train estimate`).
 // Returns "none", "full", "op" or "every N".

@@ -216,6 +216,15 @@ TEST_CASE("pp: the CPU capture check passes under pipeline parallelism and chang
   REQUIRE(c.rc == 0);
   CHECK_THAT(c.out, Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
   CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
+  // The check can fail under PP: a planted host read of the last stage's loss exits 2.
+  test::TempDir planted("pp_cc_planted");
+  auto bad = test::run("cd " + test::source_dir() + " && TITAN_PLANT_ERROR=host_read " +
+                       test::torchrun() + " --standalone --nproc_per_node 2 --no-python " +
+                       test::binary() + " " + kCommon + inter + "--compile.enable true " +
+                       "--job.dump_folder " + planted.path.string());
+  INFO(bad.out);
+  CHECK(bad.rc != 0);
+  CHECK_THAT(bad.out, Contains("aten::item in output: reads a device value on the host"));
   for (const std::string& layout :
        {pp + "--training.global_batch_size 8 --parallelism.pipeline_parallel_schedule GPipe",
         pp + "--parallelism.tensor_parallel_degree 2 --model.name llama4 "
