@@ -697,7 +697,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
       {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
-      {!cfg.model.converters.empty(), "model.converters (float8)"},
   };
   for (const Refused& r : refused)
     if (r.on)

@@ -126,6 +126,11 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, 
         "--parallelism.pipeline_parallel_schedule 1F1B"},
        // PP 2 x EP 2 (4 ranks): each stage's experts over its 2 ranks, exchanged by all-to-all.
        {4, "--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2"}});
+  // Float8 linears (tensorwise): a scale is the amax of one micro-batch's activations, so the
+  // reference accumulates micro-batches of 1 sequence as the pipeline runs them.
+  check_layouts("--model.converters float8 --training.local_batch_size 1 "
+                "--training.global_batch_size 4",
+                {{2, "--training.local_batch_size 4"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
   // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
