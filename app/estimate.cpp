@@ -602,10 +602,60 @@ void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStag
   }
 }
 
+// The step time under PP, modelled: a stage's forward + backward of one micro-batch from its
+// FLOPs (its layers' share of the model's per-token FLOPs, plus the output projection on the
+// last stage) over tp ranks at the card's assumed efficiency; a rank's compute over the
+// step's micro-batches, stretched by its scheduled idle share (busy / makespan ticks); plus
+// its point-to-point sends, not overlapped (across nodes once the world exceeds one).
+// FSDP's per-stage gathers and reductions are taken as overlapped, tensor parallel's and MoE
+// imbalance are not modelled.
+void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan,
+                         const Gpu& g, int64_t world, int64_t accum) {
+  const auto& par = cfg.parallelism;
+  const int64_t tp = par.tensor_parallel_degree, pp = plan.stages.pp_degree;
+  const int64_t seq = cfg.training.seq_len;
+  const double fpt = static_cast<double>(info.flops_per_token(seq));
+  const double head = 6.0 * static_cast<double>(info.dim * info.vocab_size);
+  const double per_layer = (fpt - head) / static_cast<double>(info.n_layers);
+  const double mb_tokens = static_cast<double>(par.pipeline_parallel_microbatch_size * seq);
+  const double runs = static_cast<double>(plan.microbatches * accum);  // per stage and step
+  const double speed = g.peak_flops * g.efficiency;
+  std::vector<double> compute(static_cast<size_t>(pp), 0.0), sent(static_cast<size_t>(pp), 0.0);
+  for (const PipelineStageSpec& sp : plan.stages.stages) {
+    const double f =
+        per_layer * static_cast<double>(sp.end_layer - sp.first_layer) + (sp.has_head ? head : 0);
+    compute[static_cast<size_t>(sp.rank)] += f * mb_tokens / static_cast<double>(tp) / speed * runs;
+  }
+  const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
+  const double act = mb_tokens / static_cast<double>(tp) * static_cast<double>(info.dim) *
+                     static_cast<double>(dtype_bytes);
+  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r)
+    for (const Action& x : plan.schedule.ranks[r])
+      if (x.type == ActionType::kSendF || x.type == ActionType::kSendB)
+        sent[r] += act * static_cast<double>(accum);
+  const double bw = world <= g.per_node ? g.intra_bytes_s : g.inter_bytes_s;
+  double step = 0;
+  for (int64_t r = 0; r < pp; ++r) {
+    const double busy = static_cast<double>(plan.timeline.busy[static_cast<size_t>(r)]);
+    const double stretch = busy > 0 ? static_cast<double>(plan.timeline.makespan) / busy : 1.0;
+    const double t = compute[static_cast<size_t>(r)] * stretch + sent[static_cast<size_t>(r)] / bw;
+    std::printf("  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s -> "
+                "%.4g s\n",
+                static_cast<long long>(r), compute[static_cast<size_t>(r)], stretch,
+                sent[static_cast<size_t>(r)] / bw, t);
+    step = std::max(step, t);
+  }
+  const double rank_flops =
+      fpt * mb_tokens * runs / static_cast<double>(tp * pp);  // the model's work, shared
+  std::printf("step time: %.4g s (the slowest pipeline rank); MFU %.1f%% (assumed: follows from "
+              "the assumed efficiency %.0f%% and the schedule's bubble, not measured)\n",
+              step, 100.0 * rank_flops / (step * g.peak_flops), 100 * g.efficiency);
+}
+
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
 // the training state of each stage. The stage split, schedule and check are --dump-schedule's
-// (app/pipeline_dump.h), then each stage's activations and each rank's peak of them. The step
-// time is not modelled under PP yet.
+// (app/pipeline_dump.h), then each stage's activations and each rank's peak of them, then
+// the step time.
 int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gpu) {
   const auto& par = cfg.parallelism;
   const int64_t pp = par.pipeline_parallel_degree;
@@ -648,7 +698,7 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
 
   print_stage_memory(cfg, *m, st, d.dp_shard);
   print_pipeline_activations(inner, world / pp, plan);
-  std::printf("time: not modelled under pipeline parallelism yet (issue 29)\n");
+  print_pipeline_time(cfg, info, plan, gpu_named(gpu), world, d.grad_accum_steps);
   return 0;
 }
 

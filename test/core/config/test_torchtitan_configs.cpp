@@ -485,7 +485,7 @@ TEST_CASE(
   INFO(est.out);
   CHECK(est.rc == 0);
   CHECK_THAT(est.out, Contains("plan: pp 4 x dp_replicate 1 x dp_shard 8 x tp 8; 1F1B") &&
-                          Contains("stage 3, gathered weights"));
+                          Contains("stage 3, gathered weights") && Contains("step time: "));
   auto few = titan_run(maverick + " --dump-schedule");
   INFO(few.out);
   CHECK(few.rc == 2);
