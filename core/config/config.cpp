@@ -694,8 +694,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   const Refused refused[] = {
       {cfg.compile.enable && p.expert_parallel_degree > 1,
        "compile.enable = true and parallelism.expert_parallel_degree > 1"},
-      {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
-      {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
   };
   for (const Refused& r : refused)
