@@ -211,14 +211,14 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   // Context parallel: key and v gathered over the cp ranks inside (B, T, H * v_head_dim).
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_, context_parallel());
-  at::Tensor y = x + seq_reduce(project(attn, w[k++]));
+  at::Tensor y = x + seq_project_reduce(attn, w[k++]);
   attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
   if (MoELayer* m = moe_layer(layer))  // on this rank's sequence shard
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),
                           moe_mode(layer));
   ModuleScope scope("feed_forward");
-  return y + seq_reduce(swiglu(seq_gather(z), w[k], w[k + 1], w[k + 2]));
+  return y + seq_swiglu(z, w[k], w[k + 1], w[k + 2]);
 }
 
 // MLA split by heads: the query projection (wq, or wq_b after the replicated wq_a and
