@@ -193,7 +193,7 @@ struct AsyncGatherProject : public torch::autograd::Function<AsyncGatherProject>
     const int64_t c = chunk_count(x.size(1)), L = x.size(1) / c;
     std::vector<at::Tensor> ws;
     for (const at::Tensor& w : {w0, w1, w2})
-      if (w.defined()) ws.push_back(w);
+      if (w.numel() > 0) ws.push_back(w);  // an empty one stands for no weight
     at::Tensor buf = at::empty({c, n, B, L, D}, x.options());  // the gathered input
     std::vector<std::vector<at::Tensor>> ys(ws.size());
     gathered_chunks(pg, x, buf, [&](int64_t j) {
@@ -273,7 +273,8 @@ class AsyncTensorParallel : public C10dTensorParallel {
                                              const std::vector<at::Tensor>& ws) override {
     if (!chunkable(x, ws) || ws.empty() || ws.size() > 3)
       return TensorParallelComm::gather_seq_project(x, ws);
-    auto w = [&](size_t i) { return i < ws.size() ? ws[i] : at::Tensor(); };
+    // Absent weights as empty tensors: autograd records every tensor input's device.
+    auto w = [&](size_t i) { return i < ws.size() ? ws[i] : at::empty({0}, x.options()); };
     return AsyncGatherProject::apply(x, w(0), w(1), w(2), group_id());
   }
   at::Tensor project_reduce_scatter_seq(const at::Tensor& x, const at::Tensor& w) override {

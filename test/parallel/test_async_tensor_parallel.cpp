@@ -52,11 +52,14 @@ OpResult run_ops(TensorParallelComm& comm, int rank) {
   for (auto& w : ws) w.requires_grad_(true);
   w_row.requires_grad_(true);
   std::vector<at::Tensor> ys = comm.gather_seq_project(x, ws);  // (B, T, O_i)
-  at::Tensor h = ys[0] * ys[2] + ys[1].repeat({1, 1, 2});
+  // Two weights (the feed-forward's w1, w3): the other arity.
+  std::vector<at::Tensor> ab = comm.gather_seq_project(x, {ws[2], ws[0]});
+  at::Tensor h = ys[0] * ys[2] + ys[1].repeat({1, 1, 2}) + at::silu(ab[0]) * ab[1];
   at::Tensor out = comm.project_reduce_scatter_seq(h, w_row);  // (B, Tl, D)
   (out * probe).sum().backward();
   OpResult r;
   r.out = ys;
+  r.out.insert(r.out.end(), ab.begin(), ab.end());
   r.out.push_back(out);
   r.grads = {x.grad(), ws[0].grad(), ws[1].grad(), ws[2].grad(), w_row.grad()};
   return r;
