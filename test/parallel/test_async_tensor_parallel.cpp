@@ -1,7 +1,7 @@
 // Async tensor parallelism (parallel/tensor_parallel.cpp, docs/distributed.md): the chunked,
 // overlapped all-gather + column GEMMs and row GEMM + reduce-scatter equal plain TP's
 // composition, forward and backward, on two gloo ranks in this process; through the binary,
-// async TP 2 equals TP 2 and one rank for llama3 and llama4 (losses and grad norms to 1e-5
+// async TP 2 equals TP 2 and one rank for llama3, llama4 and deepseek_v3 (losses and grad norms to 1e-5
 // over 4 steps), and passes the CPU capture check.
 #include <catch2/catch.hpp>
 
@@ -153,11 +153,11 @@ TEST_CASE("async TP's chunked gather + GEMMs and GEMM + reduce-scatter equal pla
   CHECK(worst1 < 1e-5);
 }
 
-TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3 and llama4", "[dist][app][tp][async_tp]") {
+TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3", "[dist][app][tp][async_tp]") {
   // The global batch of 4 sequences on one dp rank; the logged losses and gradient norms
   // over 4 steps to 1e-5 relative (fp32, sums in another order). comm_wait_ms is reported
   // (summed over the steps), not asserted: timing on a shared machine.
-  for (const char* model : {"llama3", "llama4"}) {
+  for (const char* model : {"llama3", "llama4", "deepseek_v3"}) {
     DYNAMIC_SECTION(model) {
       const std::string common = "--training.steps 4 --debug.seed 3 --training.local_batch_size 4 "
                                  "--model.name " + std::string(model) + " ";
