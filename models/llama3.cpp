@@ -61,8 +61,8 @@ at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::T
   // The all-gather fused with the q/k/v GEMMs and wo's GEMM with the reduce-scatter
   // (Model::seq_gather_project; async tensor parallelism overlaps them).
   std::vector<at::Tensor> qkv = sp->seq_gather_project(h, {w[1], w[2], w[3]});
-  return x + sp->seq_project_reduce(gqa_attention_core(qkv[0], qkv[1], qkv[2], n_heads,
-                                                       n_kv_heads, rope, sp->context_parallel()),
+  return x + sp->seq_project_reduce(gqa_attention_core(qkv[0], qkv[1], qkv[2], n_heads, n_kv_heads,
+                                                       rope, sp->context_parallel()),
                                     w[4]);
 }
 

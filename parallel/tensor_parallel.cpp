@@ -193,7 +193,7 @@ struct AsyncGatherProject : public torch::autograd::Function<AsyncGatherProject>
     const int64_t c = chunk_count(x.size(1)), L = x.size(1) / c;
     std::vector<at::Tensor> ws;
     for (const at::Tensor& w : {w0, w1, w2})
-      if (w.numel() > 0) ws.push_back(w);  // an empty one stands for no weight
+      if (w.numel() > 0) ws.push_back(w);                      // an empty one stands for no weight
     at::Tensor buf = at::empty({c, n, B, L, D}, x.options());  // the gathered input
     std::vector<std::vector<at::Tensor>> ys(ws.size());
     gathered_chunks(pg, x, buf, [&](int64_t j) {

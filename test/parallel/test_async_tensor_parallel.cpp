@@ -1,8 +1,8 @@
 // Async tensor parallelism (parallel/tensor_parallel.cpp, docs/distributed.md): the chunked,
 // overlapped all-gather + column GEMMs and row GEMM + reduce-scatter equal plain TP's
 // composition, forward and backward, on two gloo ranks in this process; through the binary,
-// async TP 2 equals TP 2 and one rank for llama3, llama4 and deepseek_v3 (losses and grad norms to 1e-5
-// over 4 steps), and passes the CPU capture check.
+// async TP 2 equals TP 2 and one rank for llama3, llama4 and deepseek_v3 (losses and grad norms to
+// 1e-5 over 4 steps), and passes the CPU capture check.
 #include <catch2/catch.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,7 +31,7 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
 }
 
 struct OpResult {
-  std::vector<at::Tensor> out;  // gathered projections, then the reduced row projection
+  std::vector<at::Tensor> out;    // gathered projections, then the reduced row projection
   std::vector<at::Tensor> grads;  // x, w0, w1, w2 of the gather; x, w of the reduce
 };
 
@@ -96,10 +96,10 @@ const std::string kSmall =
     "--validation.enable false --metrics.enable_tensorboard false --training.device cpu ";
 
 test::CmdResult train(int nproc, const std::string& args) {
-  const std::string launch =
-      nproc == 1 ? "env -u RANK -u WORLD_SIZE " + test::binary()
-                 : test::torchrun() + " --standalone --nproc_per_node " + std::to_string(nproc) +
-                       " --no-python " + test::binary();
+  const std::string launch = nproc == 1
+                                 ? "env -u RANK -u WORLD_SIZE " + test::binary()
+                                 : test::torchrun() + " --standalone --nproc_per_node " +
+                                       std::to_string(nproc) + " --no-python " + test::binary();
   return test::run("cd " + test::source_dir() + " && " + launch + " " + kSmall + args);
 }
 
@@ -153,14 +153,17 @@ TEST_CASE("async TP's chunked gather + GEMMs and GEMM + reduce-scatter equal pla
   CHECK(worst1 < 1e-5);
 }
 
-TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3", "[dist][app][tp][async_tp]") {
+TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3",
+          "[dist][app][tp][async_tp]") {
   // The global batch of 4 sequences on one dp rank; the logged losses and gradient norms
   // over 4 steps to 1e-5 relative (fp32, sums in another order). comm_wait_ms is reported
   // (summed over the steps), not asserted: timing on a shared machine.
   for (const char* model : {"llama3", "llama4", "deepseek_v3"}) {
     DYNAMIC_SECTION(model) {
-      const std::string common = "--training.steps 4 --debug.seed 3 --training.local_batch_size 4 "
-                                 "--model.name " + std::string(model) + " ";
+      const std::string common =
+          "--training.steps 4 --debug.seed 3 --training.local_batch_size 4 "
+          "--model.name " +
+          std::string(model) + " ";
       test::TempDir one("atp_one"), tp("atp_tp"), atp("atp_async");
       auto r1 = train(1, common + "--job.dump_folder " + one.path.string());
       INFO(r1.out);
@@ -169,8 +172,10 @@ TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3"
       auto r2 = train(2, common + tp2 + "--job.dump_folder " + tp.path.string());
       INFO(r2.out);
       REQUIRE(r2.rc == 0);
-      auto r3 = train(2, common + tp2 + "--parallelism.enable_async_tensor_parallel true "
-                                         "--job.dump_folder " + atp.path.string());
+      auto r3 = train(2, common + tp2 +
+                             "--parallelism.enable_async_tensor_parallel true "
+                             "--job.dump_folder " +
+                             atp.path.string());
       INFO(r3.out);
       REQUIRE(r3.rc == 0);
       CHECK_THAT(r3.out, Contains("=> async tensor parallel"));
@@ -183,9 +188,9 @@ TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3"
       const auto [l_tp, n_tp] = worst_rel(plain, async);
       const auto [l_one, n_one] = worst_rel(ref, async);
       WARN(model << " async TP 2, max relative difference over 4 steps: vs TP 2 loss " << l_tp
-                 << " grad norm " << n_tp << "; vs 1 rank loss " << l_one << " grad norm "
-                 << n_one << "; comm_wait_ms over the steps (rank 0): TP 2 "
-                 << total_wait(plain) << ", async TP 2 " << total_wait(async));
+                 << " grad norm " << n_tp << "; vs 1 rank loss " << l_one << " grad norm " << n_one
+                 << "; comm_wait_ms over the steps (rank 0): TP 2 " << total_wait(plain)
+                 << ", async TP 2 " << total_wait(async));
       CHECK(l_tp < 1e-5);
       CHECK(n_tp < 1e-5);
       CHECK(l_one < 1e-5);
@@ -197,10 +202,11 @@ TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3"
 
 TEST_CASE("async TP 2 passes the CPU capture check", "[compile][dist][app][tp][async_tp]") {
   test::TempDir dir("atp_compile");
-  auto r = train(2, "--model.name llama4 --compile.enable true --training.steps 3 "
-                    "--training.local_batch_size 1 --parallelism.tensor_parallel_degree 2 "
-                    "--parallelism.enable_async_tensor_parallel true --job.dump_folder " +
-                        dir.path.string());
+  auto r = train(2,
+                 "--model.name llama4 --compile.enable true --training.steps 3 "
+                 "--training.local_batch_size 1 --parallelism.tensor_parallel_degree 2 "
+                 "--parallelism.enable_async_tensor_parallel true --job.dump_folder " +
+                     dir.path.string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Contains("=> async tensor parallel"));
@@ -208,8 +214,9 @@ TEST_CASE("async TP 2 passes the CPU capture check", "[compile][dist][app][tp][a
 }
 
 TEST_CASE("async TP without tensor parallelism exits 2 naming the key", "[app][tp][async_tp]") {
-  auto r = train(1, "--training.steps 1 --parallelism.enable_async_tensor_parallel true "
-                    "--dump-config");
+  auto r = train(1,
+                 "--training.steps 1 --parallelism.enable_async_tensor_parallel true "
+                 "--dump-config");
   INFO(r.out);
   CHECK(r.rc == 2);
   CHECK_THAT(r.out, Contains("parallelism.enable_async_tensor_parallel = true") &&
