@@ -153,7 +153,7 @@ TEST_CASE("async TP's chunked gather + GEMMs and GEMM + reduce-scatter equal pla
   CHECK(worst1 < 1e-5);
 }
 
-TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3",
+TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3 (and FSDP 2 x async TP 2 for llama3)",
           "[dist][app][tp][async_tp]") {
   // The global batch of 4 sequences on one dp rank; the logged losses and gradient norms
   // over 4 steps to 1e-5 relative (fp32, sums in another order). comm_wait_ms is reported
@@ -196,6 +196,21 @@ TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3"
       CHECK(l_one < 1e-5);
       CHECK(n_one < 1e-5);
       for (auto& [step, s] : async) CHECK(s.comm_wait_ms >= 0);
+      if (std::string(model) != "llama3") continue;
+      // FSDP 2 x async TP 2: two dp ranks of 2 sequences, the same global batch.
+      test::TempDir f("atp_fsdp");
+      auto r4 = train(4, "--training.steps 4 --debug.seed 3 --training.local_batch_size 2 " + tp2 +
+                             "--parallelism.enable_async_tensor_parallel true --job.dump_folder " +
+                             f.path.string());
+      INFO(r4.out);
+      REQUIRE(r4.rc == 0);
+      CHECK_THAT(r4.out, Contains("dp_replicate 1 x dp_shard 2 x tp 2"));
+      auto fsdp = metrics(f.file("metrics.jsonl"));
+      REQUIRE(fsdp.size() == 4);
+      const auto [l_f, n_f] = worst_rel(ref, fsdp);
+      WARN("llama3 FSDP 2 x async TP 2 vs 1 rank: loss " << l_f << " grad norm " << n_f);
+      CHECK(l_f < 1e-5);
+      CHECK(n_f < 1e-5);
     }
   }
 }
