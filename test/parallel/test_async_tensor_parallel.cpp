@@ -153,8 +153,10 @@ TEST_CASE("async TP's chunked gather + GEMMs and GEMM + reduce-scatter equal pla
   CHECK(worst1 < 1e-5);
 }
 
-TEST_CASE("async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3 (and FSDP 2 x async TP 2 for llama3)",
-          "[dist][app][tp][async_tp]") {
+TEST_CASE(
+    "async TP 2 equals TP 2 and 1 rank for llama3, llama4 and deepseek_v3 (and FSDP 2 x async TP 2 "
+    "for llama3)",
+    "[dist][app][tp][async_tp]") {
   // The global batch of 4 sequences on one dp rank; the logged losses and gradient norms
   // over 4 steps to 1e-5 relative (fp32, sums in another order). comm_wait_ms is reported
   // (summed over the steps), not asserted: timing on a shared machine.
