@@ -333,7 +333,13 @@ void Trainer::apply_tp() {
   // experts are cut along their hidden size as well (docs/distributed.md).
   const int64_t etp = cfg_.parallelism.expert_tensor_parallel_degree;
   const bool split_experts = etp > 1 && model_->num_experts() > 0;
-  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts);
+  const bool async = cfg_.parallelism.enable_async_tensor_parallel;
+  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts, async);
+  if (async)
+    log_info(
+        "=> async tensor parallel: the all-gathers before the column-parallel GEMMs and "
+        "the reduce-scatters after the row-parallel ones run in chunks of the sequence, "
+        "each overlapping another chunk's GEMM (forward and backward)");
   if (split_experts) {
     int64_t mine = 0, whole = 0;
     const TpPlan& plan = model_->tp_plan();
