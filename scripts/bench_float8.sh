@@ -12,15 +12,16 @@
 #                linears' three GEMMs on ATen's CPU _scaled_mm (oneDNN); MoE experts stay in
 #                high precision (they need quantize.grouped_mm.float8, rowwise: emulated here)
 #   float8+bf16  float8 tensorwise with bf16 compute (compile.enable), torchtitan's GPU setting
-# The modes alternate in rounds (ROUNDS, default 2) so machine noise hits them alike. Per
-# model and mode it prints tokens/s (median over the logged steps after the first two, best
-# round), the allocator's peak (memory_peak_gib: CPU allocations by titan-train's allocator
+# The modes alternate in rounds (ROUNDS, default 3) so machine noise hits them alike. Per
+# model and mode it prints tokens/s (the median of every logged step after the first two of
+# every round, pooled: on a shared machine one round's best can be a lucky idle minute), the
+# spread of the rounds' medians, the allocator's peak (memory_peak_gib: CPU allocations by titan-train's allocator
 # hooks, largest over the steps) and peak RSS (memory_rss_gib), each with its ratio to fp32,
 # and the last loss. Float8 is not expected to win on a CPU: oneDNN's float8 GEMM plus the
 # amax, scale and cast kernels cost more than an fp32 GEMM at these sizes; the figures say
 # by how much.
-# Usage: scripts/bench_float8.sh [MODELS...] (default: llama3 deepseek_v3). STEPS (default 10),
-# BATCH (4), SEQ (256), ROUNDS (2) override. TITAN_SKIP_BUILD=1 skips the build.
+# Usage: scripts/bench_float8.sh [MODELS...] (default: llama3 deepseek_v3). STEPS (default 8),
+# BATCH (2), SEQ (256), ROUNDS (3) override. TITAN_SKIP_BUILD=1 skips the build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TITAN_BUILD_DIR:-$root/build}"
@@ -30,10 +31,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(llama3 deepseek_v3)
 modes=(fp32 fp32+check bf16 float8 float8+bf16)
-steps=${STEPS:-10}
-batch=${BATCH:-4}
+steps=${STEPS:-8}
+batch=${BATCH:-2}
 seq=${SEQ:-256}
-rounds=${ROUNDS:-2}
+rounds=${ROUNDS:-3}
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
@@ -70,20 +71,24 @@ for m in "${models[@]}"; do
 import glob, json, os, statistics, sys
 base, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def figures(mode):
-    tps, peak, rss, loss = [], [], [], None
+    tps, per_round, peak, rss, loss = [], [], [], [], None
     for f in sorted(glob.glob(os.path.join(base, mode, "*", "metrics.jsonl"))):
         rows = [json.loads(l) for l in open(f) if '"loss"' in l]
-        tps.append(statistics.median(r["tps"] for r in (rows[2:] or rows)))
+        v = [r["tps"] for r in (rows[2:] or rows)]
+        tps += v
+        per_round.append(statistics.median(v))
         peak.append(max(r.get("memory_peak_gib", 0) for r in rows))
         rss.append(max(r.get("memory_rss_gib", 0) for r in rows))
         loss = rows[-1]["loss"]
-    return max(tps), min(peak) * 1024, min(rss) * 1024, loss
+    spread = f"{min(per_round):.0f}-{max(per_round):.0f}"
+    return statistics.median(tps), spread, min(peak) * 1024, min(rss) * 1024, loss
 f = {m: figures(m) for m in modes}
-t0, p0, r0, _ = f["fp32"]
-print(f"  {'mode':<12} {'tokens/s':>9} {'x fp32':>7} {'peak MiB':>9} {'x fp32':>7} "
+t0, _, p0, r0, _ = f["fp32"]
+print(f"  {'mode':<12} {'tokens/s':>9} {'rounds':>11} {'x fp32':>7} {'peak MiB':>9} {'x fp32':>7} "
       f"{'RSS MiB':>8} {'x fp32':>7} {'last loss':>9}")
 for m in modes:
-    t, p, r, l = f[m]
-    print(f"  {m:<12} {t:9.0f} {t / t0:7.2f} {p:9.1f} {p / p0:7.2f} {r:8.0f} {r / r0:7.2f} {l:9.4f}")
+    t, sp, p, r, l = f[m]
+    print(f"  {m:<12} {t:9.0f} {sp:>11} {t / t0:7.2f} {p:9.1f} {p / p0:7.2f} {r:8.0f} {r / r0:7.2f} "
+          f"{l:9.4f}")
 PY
 done
