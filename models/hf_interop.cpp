@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "core/base/errors.h"
 #include "core/base/log.h"
 #include "core/checkpoint/safetensors.h"
+#include "models/hf_fp8.h"
 #include "models/hf_interop_detail.h"
 
 namespace titan {
@@ -345,6 +347,9 @@ namespace {
 struct HfFolder {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, const SafetensorsFile*> where;
+  // Set by check_hf_folder when mapped tensors are block-wise float8 (models/hf_fp8.h).
+  std::optional<HfFp8Blocks> fp8;
+  int64_t fp8_tensors = 0;
 };
 
 HfFolder open_hf_folder(const std::string& dir) {
@@ -409,9 +414,23 @@ HfFolder open_hf_folder(const std::string& dir) {
 
 namespace {
 
+// A float8 tensor `name` of `folder`: checks it and its scale (hf_fp8.h), reading the block
+// size from config.json at the first one; returns the scale's name.
+std::string check_fp8_tensor(HfFolder& folder, const std::string& name, const std::string& dir) {
+  const SafetensorsFile& wf = *folder.where.at(name);
+  if (!folder.fp8) folder.fp8 = hf_fp8_blocks(dir, "'" + name + "' in " + wf.path());
+  const std::string scale = hf_scale_inv_name(name);
+  auto it = folder.where.find(scale);
+  const SafetensorsFile* sf = it == folder.where.end() ? nullptr : it->second;
+  check_hf_fp8_pair(wf, wf.entry(name), sf, sf ? &sf->entry(scale) : nullptr, *folder.fp8);
+  ++folder.fp8_tensors;
+  return scale;
+}
+
 // Checks every name, shape (the whole one) and dtype of `folder` against the map before
-// anything is modified, and returns the bytes of the mapped HF tensors.
-int64_t check_hf_folder(const HfFolder& folder, const std::vector<HfTensorMap>& map,
+// anything is modified, and returns the bytes of the mapped HF tensors (float8 ones with their
+// scales).
+int64_t check_hf_folder(HfFolder& folder, const std::vector<HfTensorMap>& map,
                         const std::vector<const HfImportTarget*>& ours, const std::string& dir,
                         const HfSkip& skip) {
   std::set<std::string> expected;
@@ -429,10 +448,17 @@ int64_t check_hf_folder(const HfFolder& folder, const std::vector<HfTensorMap>& 
         throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
                         " has shape " + shape_str(e.shape) + "; expected " + shape_str(want) +
                         " (our " + map[i].ours + " " + shape_str(ours[i]->full_shape) + ")");
-      if (!at::isFloatingType(e.dtype))
+      if (at::isFloat8Type(e.dtype)) {
+        const std::string scale = check_fp8_tensor(folder, name, dir);
+        expected.insert(scale);
+        const SafetensorsEntry& s = folder.where.at(scale)->entry(scale);
+        total += static_cast<int64_t>(s.end - s.begin);
+      } else if (!at::isFloatingType(e.dtype)) {
         throw UserError("Hugging Face tensor '" + name + "' in " + it->second->path() +
                         " has dtype " + safetensors_dtype_name(e.dtype) +
-                        "; expected a floating dtype (F64, F32, F16, BF16)");
+                        "; expected a floating dtype (F64, F32, F16, BF16, or F8_E4M3 with a "
+                        "_scale_inv)");
+      }
       total += static_cast<int64_t>(e.end - e.begin);
     }
   }
@@ -488,12 +514,34 @@ at::Tensor read_hf_rows(const SafetensorsFile& f, const std::string& name,
     bytes += static_cast<int64_t>(runs.back().nbytes());
     a = b;
   }
+  // Float8 rows move as bytes: cat and index_select have no float8 kernels on every device.
+  const at::ScalarType dtype = runs[0].scalar_type();
+  const bool fp8 = at::isFloat8Type(dtype);
+  if (fp8)
+    for (at::Tensor& run : runs) run = run.view(at::kByte);
   at::Tensor got = runs.size() == 1 ? runs[0] : at::cat(runs);
-  if (sorted == rows) return got;
-  std::vector<int64_t> pos;
-  for (int64_t r : rows)
-    pos.push_back(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin());
-  return got.index_select(0, at::tensor(pos, at::kLong));
+  if (sorted != rows) {
+    std::vector<int64_t> pos;
+    for (int64_t r : rows)
+      pos.push_back(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin());
+    got = got.index_select(0, at::tensor(pos, at::kLong));
+  }
+  return fp8 ? got.view(dtype) : got;
+}
+
+// `got`: rows `rows` of HF tensor `name` as stored; float8 ones dequantized (to float32).
+at::Tensor dequantized(const HfFolder& folder, const std::string& name, const at::Tensor& got,
+                       const std::vector<int64_t>& rows, int64_t& bytes) {
+  if (!at::isFloat8Type(got.scalar_type())) return got;
+  TORCH_CHECK(folder.fp8, "hf interop: float8 tensor '", name, "' was not checked");
+  const std::string scale = hf_scale_inv_name(name);
+  return dequantize_hf_fp8_rows(got, rows, *folder.where.at(scale), scale, *folder.fp8, bytes);
+}
+
+std::vector<int64_t> all_rows(const at::Tensor& t) {
+  std::vector<int64_t> r(static_cast<size_t>(t.dim() > 0 ? t.size(0) : 0));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = static_cast<int64_t>(i);
+  return r;
 }
 
 // Target t's rows from the HF tensors of entry m, in t's dtype (on the CPU).
@@ -503,7 +551,7 @@ at::Tensor read_target_rows(const HfFolder& folder, const HfTensorMap& m, const 
   auto whole = [&](const std::string& name) {
     at::Tensor w = folder.where.at(name)->get(name);
     bytes += static_cast<int64_t>(w.nbytes());
-    return w.to(dtype);
+    return dequantized(folder, name, w, all_rows(w), bytes).to(dtype);
   };
   if (t.full_shape.empty()) return whole(m.hf.at(0));  // a scalar has no rows
   const int64_t o = t.row_offset, n = t.dst.size(0);
@@ -513,8 +561,9 @@ at::Tensor read_target_rows(const HfFolder& folder, const HfTensorMap& m, const 
     return at::stack(experts, 0);
   }
   const std::string& name = m.hf.at(0);
-  return read_hf_rows(*folder.where.at(name), name, hf_rows_of(m, t.full_shape[0], o, n), bytes)
-      .to(dtype);
+  const std::vector<int64_t> rows = hf_rows_of(m, t.full_shape[0], o, n);
+  const at::Tensor got = read_hf_rows(*folder.where.at(name), name, rows, bytes);
+  return dequantized(folder, name, got, rows, bytes).to(dtype);
 }
 
 }  // namespace
@@ -550,7 +599,11 @@ HfImportStats import_hf(const HfImportTargets& targets, const std::vector<HfTens
   HfFolder folder = open_hf_folder(dir);
   HfImportStats stats;
   stats.bytes_total = check_hf_folder(folder, map, ours, dir, skip);
-
+  if (folder.fp8_tensors > 0)
+    log_info("Hugging Face import from " + dir + ": dequantizing " +
+             std::to_string(folder.fp8_tensors) + " float8 e4m3 tensors with their [" +
+             std::to_string(folder.fp8->rows) + ", " + std::to_string(folder.fp8->cols) +
+             "] block scales (_scale_inv) to the model's dtype");
   at::NoGradGuard ng;
   for (size_t i = 0; i < map.size(); ++i) {
     const HfImportTarget& t = *ours[i];

@@ -104,8 +104,9 @@ struct HfImportStats {
 // into the targets (copy_ into the live tensors, converting dtype and device). Every mapped HF
 // tensor must be present with the right (whole) shape and a floating dtype, and no other
 // tensor may be present (rotary inv_freq buffers and names `skip` accepts aside); everything
-// is checked before any tensor is modified. Violations are UserErrors naming the HF tensor,
-// its file, found and expected.
+// is checked before any tensor is modified. A float8 e4m3 tensor (DeepSeek-V3's release) needs
+// its `<name>_scale_inv` block scales and is dequantized on load (models/hf_fp8.h). Violations are
+// UserErrors naming the HF tensor, its file, found and expected.
 //
 // Only the HF rows a target needs are read and converted: for its rows [o, o + n), rows
 // [o, o + n) of the HF tensor (kNone), the HF rows they come from (kRopePermute; read as the

@@ -48,6 +48,8 @@ NOT_HOT = {
     "models/hf_interop_detail.h": "Hugging Face import and export",
     "models/hf_llama3.cpp": "Hugging Face import and export",
     "models/hf_deepseek_v3.cpp": "Hugging Face import and export",
+    "models/hf_fp8.cpp": "Hugging Face import and export",
+    "models/hf_fp8.h": "Hugging Face import and export",
     "models/registry.cpp": "model construction",
     "models/registry.h": "model construction",
 }

@@ -212,6 +212,7 @@ sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 else 1)' ||
   step bench_capture 100 step_bench_capture
   step bench_llama3_1b 160 step_bench_llama3_1b
   step bench_llama3_8b_4l 160 step_bench_llama3_8b_4l
+  step bench_float8_8b 120 step_bench_float8
   step bench_deepseek_16b_4l 220 step_bench_deepseek
   summarize "$work" "$out" "$t_start"
 }
@@ -389,6 +390,41 @@ step_bench_llama3_8b_4l() {
   torchtitan llama3_8b_4l_tt 100 --model llama3 --flavor 8B --n_layers 4 --seq_len 8192 --ac full \
     --batch 8 --oom_batch 4 --steps 5 --warmup 2 || fig "torchtitan: failed;"
   vs_torchtitan llama3_8b_4l_b8 8 llama3_8b_4l_tt
+}
+
+# Float8 tensorwise (model.converters = ["float8"], torchao's recipe: every linear but the
+# output, its three GEMMs through _scaled_mm) against bf16 compute at Llama-3 8B's width (dim
+# 4096, ffn 14336, 32/8 heads, vocab 128256) with 2 layers, batch 2 x 4096, eager: tokens/s and
+# peak memory ratios float8 / bf16. Fails when the float8 run fails or ends with a non-finite
+# loss, or when a GPU of SM89 or later ran the emulated GEMMs instead of _scaled_mm (the
+# start-up line "float8: recipe tensorwise, scaled_mm GEMMs on cuda:0" says which). torchtitan
+# with float8 is not run: it needs torchao on the GPU machine, which the pack does not carry
+# (docs/gpu.md).
+step_bench_float8() {
+  need_gpu
+  local m=(--config configs/llama3_debug.toml --model.flavor 8B --model.n_layers 2
+    --training.seq_len 4096 --training.local_batch_size 2 --training.steps 8 --metrics.log_freq 1)
+  train llama3_8b_2l_bf16 "${m[@]}" || exit 1
+  train llama3_8b_2l_float8 "${m[@]}" --model.converters float8 \
+    --quantize.linear.float8.recipe_name tensorwise || { fig "float8: failed"; exit 1; }
+  local log="$work/runs/llama3_8b_2l_float8.log" cap line
+  line=$(grep -m1 -o "float8: recipe [^;]*" "$log") || { fig "float8: no start-up line"; exit 1; }
+  echo "$line"
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+  if [ "${cap:-0}" -ge 89 ] && [[ "$line" != *"scaled_mm GEMMs"* ]]; then
+    fig "float8 ran EMULATED on sm_$cap: $line"
+    exit 1
+  fi
+  "$py" - "$work/runs" >>"$FIG" <<'PY'
+import json, os, statistics, sys
+def figs(name):
+    rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], name, "metrics.jsonl"))
+            if '"loss"' in l]
+    return (statistics.median(r["tps"] for r in (rows[2:] or rows)),
+            max(r.get("memory_peak_gib") or 0 for r in rows))
+(tb, pb), (tf, pf) = figs("llama3_8b_2l_bf16"), figs("llama3_8b_2l_float8")
+print(f"float8/bf16: tps x{tf / tb:.2f}, peak x{pf / pb:.2f};", end=" ")
+PY
 }
 
 # DeepSeek-V3 16B x 4 layers on the three experts backends, each asked for by name (cutlass

@@ -107,11 +107,19 @@ struct DtypeInfo {
 };
 // Ordered by element size, largest first, as the writer lays out the data buffer.
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", at::ScalarType::Double}, {"I64", at::ScalarType::Long},
-    {"F32", at::ScalarType::Float},  {"I32", at::ScalarType::Int},
-    {"F16", at::ScalarType::Half},   {"BF16", at::ScalarType::BFloat16},
-    {"I16", at::ScalarType::Short},  {"I8", at::ScalarType::Char},
-    {"U8", at::ScalarType::Byte},    {"BOOL", at::ScalarType::Bool},
+    {"F64", at::ScalarType::Double},
+    {"I64", at::ScalarType::Long},
+    {"F32", at::ScalarType::Float},
+    {"I32", at::ScalarType::Int},
+    {"F16", at::ScalarType::Half},
+    {"BF16", at::ScalarType::BFloat16},
+    {"I16", at::ScalarType::Short},
+    {"I8", at::ScalarType::Char},
+    {"U8", at::ScalarType::Byte},
+    {"BOOL", at::ScalarType::Bool},
+    // DeepSeek-V3's published weights (torch.float8_e4m3fn); e5m2 for completeness.
+    {"F8_E4M3", at::ScalarType::Float8_e4m3fn},
+    {"F8_E5M2", at::ScalarType::Float8_e5m2},
 };
 
 // Checks that need no JSON parser, run first: a NUL byte (nlohmann takes it for the end of the
@@ -297,7 +305,7 @@ const char* safetensors_dtype_name(at::ScalarType dtype) {
 }
 
 const char* safetensors_allowed_dtypes() {
-  return "F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL";
+  return "F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL, F8_E4M3, F8_E5M2";
 }
 
 uint64_t parse_safetensors_header_length(const unsigned char (&prefix)[8], uint64_t file_size,

@@ -81,11 +81,12 @@ class SafetensorsFile {
 // Header length cap: the Python package's MAX_HEADER_SIZE.
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
-// The 10 dtypes this program reads and writes.
+// The 12 dtypes this program reads and writes (the 10 of PyTorch's usual tensors, and the
+// float8 e4m3fn / e5m2 of float8 checkpoints such as DeepSeek-V3's).
 bool safetensors_dtype_from_name(const std::string& name, at::ScalarType& out);
-// "F32", "BF16", ...; throws c10::Error for a dtype outside the 10.
+// "F32", "BF16", ...; throws c10::Error for a dtype outside the 12.
 const char* safetensors_dtype_name(at::ScalarType dtype);
-// "F64, F32, ..., BOOL" for messages.
+// "F64, F32, ..., F8_E5M2" for messages.
 const char* safetensors_allowed_dtypes();
 
 struct SafetensorsHeader {
@@ -104,8 +105,8 @@ SafetensorsHeader parse_safetensors_header(const char* json, size_t json_size, u
 
 // ---- Writer -----------------------------------------------------------------------------------
 
-// Writes `tensors` (any device; dtypes F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL; made
-// contiguous and copied to CPU one at a time) and `metadata` to `path` atomically: the bytes go
+// Writes `tensors` (any device; the 12 dtypes above; made contiguous and copied to CPU one at a
+// time) and `metadata` to `path` atomically: the bytes go
 // to <path>.tmp.<pid>, which is fsynced and renamed over `path`.
 //
 // Layout, like the Python package: the data buffer holds the tensors by element size

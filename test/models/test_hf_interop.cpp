@@ -1387,3 +1387,166 @@ TEST_CASE("hf: a custom-dimension Llama folder imports from its config.json", "[
   CHECK_THAT(run.out, Catch::Matchers::Contains("a custom flavor") &&
                           Catch::Matchers::Contains("initialized from Hugging Face weights"));
 }
+
+// ---- DeepSeek-V3's float8 checkpoints -----------------------------------------------------------
+
+namespace {
+
+// A deepseek_v3 debugmodel exported as float32, then rewritten by hf_fp8_ref.py in DeepSeek-V3's
+// published layout: linear weights float8 e4m3fn with float32 <name>_scale_inv per
+// `br` x `bc` block, the rest bfloat16; `ref` holds the float32 the importer must produce.
+struct Fp8Folder {
+  std::string dir, ref;
+};
+Fp8Folder write_fp8_folder(const test::TempDir& tmp, const DeepSeekV3Args& a, int64_t br,
+                           int64_t bc) {
+  DeepSeekV3 src(a, at::kCPU);
+  src.init_weights(51);
+  set_expert_biases(src, 52);
+  const std::string tag = std::to_string(br) + "x" + std::to_string(bc);
+  export_model_hf(src, tmp.file("fp32-" + tag), {});
+  Fp8Folder f{tmp.file("fp8-" + tag), tmp.file("ref-" + tag + ".safetensors")};
+  auto r = test::run(test::python() + " " + test::source_dir() +
+                     "/test/reference/hf_fp8_ref.py quantize " + tmp.file("fp32-" + tag) + " " +
+                     f.dir + " " + std::to_string(br) + " " + std::to_string(bc) + " " + f.ref);
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  return f;
+}
+
+// Every tensor of `m` (hf_tensors) equals the reference's dequantized HF tensors, bit for bit.
+void check_fp8_import(const DeepSeekV3& m, const std::string& ref_path) {
+  auto ref = SafetensorsFile::open(ref_path);
+  const auto map = deepseek_v3_hf_map(deepseek_v3_hf_layout(m.args()));
+  const NamedTensors got = hf_tensors(m);
+  std::map<std::string, at::Tensor> by_name(got.begin(), got.end());
+  for (auto& e : map) {
+    INFO(e.ours);
+    std::vector<at::Tensor> hf;
+    for (auto& n : e.hf) hf.push_back(ref.get(n));
+    CHECK(by_name.at(e.ours).equal(from_hf_layout(e, hf)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("hf: DeepSeek-V3's float8 layout (e4m3 + block _scale_inv) imports dequantized",
+          "[hf][float8]") {
+  // Reference: hf_fp8_ref.py dequantizes each weight independently (padded to whole blocks and
+  // scaled per block view) in float32; the import equals it bit for bit, as both round
+  // fp8 x scale once. [128, 128] is DeepSeek-V3's block; [5, 3] makes every weight end in
+  // partial blocks at the bottom and right (no dimension is a multiple of 5 or 3).
+  const DeepSeekV3Args a = deepseek_v3_flavor("debugmodel");
+  test::TempDir tmp("hf-fp8");
+  for (auto [br, bc] : {std::pair<int64_t, int64_t>{128, 128}, {5, 3}}) {
+    INFO("block " << br << "x" << bc);
+    const Fp8Folder f = write_fp8_folder(tmp, a, br, bc);
+    auto cfg = read_json(f.dir + "/config.json");
+    CHECK(cfg["quantization_config"]["weight_block_size"] == nlohmann::json({br, bc}));
+    auto hf = read_hf_folder(f.dir);
+    const at::Tensor& w = hf.at("model.layers.1.mlp.experts.3.down_proj.weight");
+    CHECK(w.scalar_type() == at::ScalarType::Float8_e4m3fn);
+    const at::Tensor& s = hf.at("model.layers.1.mlp.experts.3.down_proj.weight_scale_inv");
+    CHECK(s.sizes().vec() ==
+          std::vector<int64_t>{(w.size(0) + br - 1) / br, (w.size(1) + bc - 1) / bc});
+    if (br == 5) CHECK((w.size(0) % 5 != 0 && w.size(1) % 3 != 0));
+
+    DeepSeekV3 m(a, at::kCPU);
+    const HfImportStats st = import_model_hf(m, f.dir);
+    CHECK(st.bytes_read == st.bytes_total);
+    check_fp8_import(m, f.ref);
+    // Float8 really was read: the weight differs from the float32 source, by e4m3's rounding.
+    DeepSeekV3 src(a, at::kCPU);
+    src.init_weights(51);
+    const at::Tensor& got = param(m, "layers.1.moe.experts.w2");
+    const at::Tensor& orig = param(src, "layers.1.moe.experts.w2");
+    CHECK_FALSE(got.equal(orig));
+    CHECK(rel_err(got, orig) < 0.07);
+
+    // FSDP-cut rows (3 ranks: boundaries fall inside blocks) equal the whole import's.
+    for (int64_t r = 0; r < 3; ++r) {
+      DeepSeekV3 part(a, at::kCPU);
+      shard_like_fsdp(part.params(), 3, r);
+      import_model_hf(part, f.dir);
+      for (size_t i = 0; i < m.params().all().size(); ++i) {
+        const Param& p = part.params().all()[i];
+        INFO("rank " << r << ": " << p.name);
+        CHECK(p.valid(p.value).equal(
+            m.params().all()[i].value.detach().narrow(0, p.dim0_offset, p.dim0_rows)));
+      }
+    }
+  }
+}
+
+TEST_CASE("hf: bad float8 folders are UserErrors naming the file and tensor; convert-hf exits 2",
+          "[hf][float8][cli]") {
+  const DeepSeekV3Args a = deepseek_v3_flavor("debugmodel");
+  test::TempDir tmp("hf-fp8-bad");
+  const Fp8Folder f = write_fp8_folder(tmp, a, 5, 3);
+  const std::string w = "model.layers.0.mlp.down_proj.weight";
+  const std::string scale = w + "_scale_inv";
+  const std::string shard = read_json(f.dir + "/model.safetensors.index.json")["weight_map"][w];
+  auto copy = [&](const std::string& name) {
+    fs::copy(f.dir, tmp.file(name), fs::copy_options::recursive);
+    return tmp.file(name);
+  };
+  auto import_error = [&](const std::string& dir) {
+    return user_error_of([&] {
+      DeepSeekV3 m(a, at::kCPU);
+      import_model_hf(m, dir);
+    });
+  };
+
+  const std::string missing = copy("missing");
+  edit_shard(missing, scale, [&](NamedTensors& t) {
+    t.erase(std::remove_if(t.begin(), t.end(), [&](auto& e) { return e.first == scale; }), t.end());
+  });
+  CHECK(import_error(missing) == "Hugging Face tensor '" + w + "' in " + missing + "/" + shard +
+                                     " is F8_E4M3 but the folder has no '" + scale +
+                                     "' to dequantize it; expected shape [52, 342], one scale "
+                                     "per [5, 3] block (config.json quantization_config."
+                                     "weight_block_size) of [256, 1024]");
+
+  const std::string wrong = copy("wrong-shape");
+  edit_shard(wrong, scale, [&](NamedTensors& t) {
+    for (auto& [n, v] : t)
+      if (n == scale) v = at::ones({52, 341});
+  });
+  const std::string e = import_error(wrong);
+  CHECK(e.find("'" + scale + "' in " + wrong + "/" + shard + " has shape [52, 341]; expected " +
+               "[52, 342]") != std::string::npos);
+
+  // config.json's block size disagrees with the scales the folder holds.
+  const std::string block = copy("block");
+  auto cfg = read_json(block + "/config.json");
+  cfg["quantization_config"]["weight_block_size"] = {4, 4};
+  test::write_file(block + "/config.json", cfg.dump());
+  CHECK(import_error(block).find("one scale per [4, 4] block (config.json quantization_config."
+                                 "weight_block_size)") != std::string::npos);
+  cfg["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+  test::write_file(block + "/config.json", cfg.dump());
+  CHECK(import_error(block) ==
+        block +
+            "/config.json: quantization_config.quant_method = \"bitsandbytes\"; allowed: "
+            "\"fp8\" (block-wise float8, as DeepSeek-V3 publishes)");
+
+  // convert-hf: the good folder converts (to the dequantized float32), the bad one exits 2
+  // with the message on one line.
+  const std::string bin = test::binary() + " convert-hf --model deepseek_v3 --flavor debugmodel ";
+  auto r = test::run(bin + "--from-hf " + f.dir + " --to-safetensors " + tmp.file("out.st"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("dequantizing") != std::string::npos);
+  DeepSeekV3 m(a, at::kCPU);
+  auto out = SafetensorsFile::open(tmp.file("out.st"));
+  NamedTensors back;
+  for (auto& [name, t] : hf_tensors(m)) t.detach().copy_(out.get(name));
+  check_fp8_import(m, f.ref);
+  r = test::run(bin + "--from-hf " + missing + " --to-safetensors " + tmp.file("x.st"));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("'" + w + "' in " + missing + "/" + shard +
+                   " is F8_E4M3 but the folder has "
+                   "no '" +
+                   scale + "'") != std::string::npos);
+}
