@@ -101,6 +101,7 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
   model_.weights_updated();
   opt.zero_grad();
   model_.after_optimizer_step();
+  if (sync) sync->after_optimizer_step();
   mark(PhaseTimer::kOptimizerDone);
   return r;
 }

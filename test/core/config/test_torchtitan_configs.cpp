@@ -301,8 +301,8 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
   };
   std::vector<Case> cases = {
       {"[model]\nconverters = [\"float8\"]\n[quantize.linear.float8]\n"
-       "enable_fsdp_float8_all_gather = true\n",
-       "quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP all-gather in float8"},
+       "enable_fsdp_float8_all_gather = true\nrecipe_name = \"rowwise\"\n",
+       "quantize.linear.float8.enable_fsdp_float8_all_gather", "tensorwise scales only"},
       {"[model]\nname = \"deepseek_v3\"\nconverters = [\"quantize.grouped_mm.float8\"]\n"
        "[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n[parallelism]\n"
        "tensor_parallel_degree = 2\nexpert_tensor_parallel_degree = 2\n",
