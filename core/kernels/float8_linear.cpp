@@ -146,8 +146,12 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
   // defined, are w already cast (tensorwise only): both GEMMs that take w use them as they are
   // (torchao's Float8TrainingTensor weight), and w itself is not read, only its gradient given.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x2, const at::Tensor& w,
-                            const at::Tensor& w8_data, const at::Tensor& w8_scale,
-                            int64_t recipe, bool emulated) {
+                            const std::optional<at::Tensor>& w8_data_opt,
+                            const std::optional<at::Tensor>& w8_scale_opt, int64_t recipe,
+                            bool emulated) {
+    // Optionals: autograd records an undefined tensor argument as an input it cannot describe.
+    const at::Tensor w8_data = w8_data_opt.value_or(at::Tensor());
+    const at::Tensor w8_scale = w8_scale_opt.value_or(at::Tensor());
     const bool pre = w8_data.defined();
     // The pre-cast weight is saved instead of w: w may be a stand-in without values.
     ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale});
@@ -294,8 +298,12 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   }
   const Kernel k = kernel_for(opts, x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor y = Float8LinearFn::apply(x2, w, w8 ? w8->data : at::Tensor(),
-                                       w8 ? w8->scale : at::Tensor(),
+  std::optional<at::Tensor> w8_data, w8_scale;
+  if (w8) {
+    w8_data = w8->data;
+    w8_scale = w8->scale;
+  }
+  at::Tensor y = Float8LinearFn::apply(x2, w, w8_data, w8_scale,
                                        static_cast<int64_t>(opts.recipe), k == Kernel::Emulated);
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);

@@ -25,6 +25,8 @@ bool too_small(float8::Recipe r, int64_t n, int64_t k) {
 // reused by another tensor while the entry exists, so a stale entry can never match a new
 // tensor; expired entries are pruned as marks are added.
 struct Mark {
+  explicit Mark(const at::Tensor& w)
+      : impl(c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr())) {}
   c10::weak_intrusive_ptr<c10::TensorImpl> impl;
   std::optional<float8::Options> opts;  // set by mark_float8_weight
   float8::Quantized pre;                // set by attach_float8_weight
@@ -53,9 +55,7 @@ Mark& entry_of(Marks& m, const at::Tensor& w) {
     for (auto e = m.by_impl.begin(); e != m.by_impl.end();)
       e = e->second.impl.expired() ? m.by_impl.erase(e) : std::next(e);
   }
-  Mark fresh;
-  fresh.impl = c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr());
-  return m.by_impl.insert_or_assign(impl, std::move(fresh)).first->second;
+  return m.by_impl.insert_or_assign(impl, Mark(w)).first->second;
 }
 
 }  // namespace
@@ -109,7 +109,11 @@ std::optional<Float8Weight> float8_weight_of(const at::Tensor& w) {
   if (!m.any) return std::nullopt;
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.by_impl.find(w.unsafeGetTensorImpl());
-  if (it == m.by_impl.end() || it->second.impl.expired() || !it->second.opts) return std::nullopt;
+  if (it == m.by_impl.end() || it->second.impl.expired()) return std::nullopt;
+  // A stand-in without values must never reach a high-precision GEMM.
+  TORCH_CHECK(it->second.opts || !it->second.pre.data.defined(),
+              "a weight gathered in float8 reached a linear without its float8 mark");
+  if (!it->second.opts) return std::nullopt;
   return Float8Weight{*it->second.opts, it->second.pre};
 }
 
