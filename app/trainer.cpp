@@ -287,9 +287,10 @@ void Trainer::setup_float8() {
            "; output, embedding and router in high precision");
   // torchtitan applies the float8 all-gather only where FSDP shards (dp_shard > 1).
   if (f.enable_fsdp_float8_all_gather && !fsdp_)
-    log_info("=> float8: enable_fsdp_float8_all_gather has nothing to gather without FSDP "
-             "(parallelism.data_parallel_shard_degree 1): the weights are cast where they are, "
-             "as torchtitan does");
+    log_info(
+        "=> float8: enable_fsdp_float8_all_gather has nothing to gather without FSDP "
+        "(parallelism.data_parallel_shard_degree 1): the weights are cast where they are, "
+        "as torchtitan does");
 }
 
 void Trainer::load_hf_init() {

@@ -363,9 +363,9 @@ void FullyShardedDataParallel::unpack(Unit& u, const at::Tensor& grid, bool refi
     // This param's columns of the grid, typed: (n, chunk_numel[k]).
     at::Tensor from = grid.narrow(1, off, u.chunk_numel[k]);
     if (u.float8())
-      from = slot >= 0 ? grid.narrow(1, u.byte_off[k], u.chunk_numel[k]).view(at::kFloat8_e4m3fn)
-                       : grid.narrow(1, u.byte_off[k], u.chunk_numel[k] * esize)
-                             .view(opts_.param_dtype);
+      from = slot >= 0
+                 ? grid.narrow(1, u.byte_off[k], u.chunk_numel[k]).view(at::kFloat8_e4m3fn)
+                 : grid.narrow(1, u.byte_off[k], u.chunk_numel[k] * esize).view(opts_.param_dtype);
     at::Tensor dst;
     if (refill) {
       // Write through a separate alias: copying into the tensor itself would bump the

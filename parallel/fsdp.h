@@ -121,9 +121,9 @@ class FullyShardedDataParallel : public GradSync {
   // unit's weights are consecutive slots. The buffer is written in place, so a captured
   // optimizer step and forward read and write the same memory every replay.
   std::vector<int64_t> f8_order_;
-  at::Tensor f8_scales_;                 // (slots) fp32
-  std::vector<at::Tensor> f8_seen_;      // the shards the scales were computed from
-  std::vector<int64_t> f8_seen_version_; // and their version counters then (loads bump them)
+  at::Tensor f8_scales_;                  // (slots) fp32
+  std::vector<at::Tensor> f8_seen_;       // the shards the scales were computed from
+  std::vector<int64_t> f8_seen_version_;  // and their version counters then (loads bump them)
 };
 
 // Bytes of parameters and AdamW state held by this rank (what sharding divides).

@@ -161,7 +161,8 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const Kernel k = emulated ? Kernel::Emulated : Kernel::ScaledMm;
     // The amax of x is over K per row (dim -1); of w^T (K, N) over K per column (dim 0).
     const Operand xq = cast(x2, p.x, -1, p.power_of_2);
-    const Operand wq = pre ? Operand{w8_data.t(), w8_scale, false} : cast(w.t(), p.w, 0, p.power_of_2);
+    const Operand wq =
+        pre ? Operand{w8_data.t(), w8_scale, false} : cast(w.t(), p.w, 0, p.power_of_2);
     return gemm(xq, wq, x2.scalar_type(), k, kFastAccumOutput);
   }
 
@@ -303,8 +304,8 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
     w8_data = w8->data;
     w8_scale = w8->scale;
   }
-  at::Tensor y = Float8LinearFn::apply(x2, w, w8_data, w8_scale,
-                                       static_cast<int64_t>(opts.recipe), k == Kernel::Emulated);
+  at::Tensor y = Float8LinearFn::apply(x2, w, w8_data, w8_scale, static_cast<int64_t>(opts.recipe),
+                                       k == Kernel::Emulated);
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
   y = y.reshape(shape);

@@ -157,8 +157,11 @@ TEST_CASE("FSDP float8 all-gather: FSDP 2 equals the high-precision gather bit f
   // 1 rank: the same 2-sequence micro-batches as each FSDP rank's (2 accumulated), so the
   // activations' tensorwise float8 scales (an amax over the micro-batch) are the same.
   std::vector<Run> runs = {
-      {"one", "--training.local_batch_size 2 --training.global_batch_size 4 " + kGather + kPre,
-       false, {}, {}},
+      {"one",
+       "--training.local_batch_size 2 --training.global_batch_size 4 " + kGather + kPre,
+       false,
+       {},
+       {}},
       {"hp", "--training.local_batch_size 2 ", true, {}, {}},
       {"f8", "--training.local_batch_size 2 " + kGather, true, {}, {}},
       {"f8pre", "--training.local_batch_size 2 " + kGather + kPre, true, {}, {}},
@@ -192,8 +195,10 @@ TEST_CASE("FSDP float8 all-gather: FSDP 2 equals the high-precision gather bit f
   }
   // Against 1 rank: the reduce-scatter sums in another order (the layouts' 1e-5 bound).
   const auto [loss_rel, norm_rel] = worst_rel(by["one"]->m, by["f8pre"]->m);
-  WARN("FSDP 2 with float8 all-gather + precomputed scales vs 1 rank float8, max relative "
-       "difference over " << kSteps << " steps: loss " << loss_rel << ", grad norm " << norm_rel);
+  WARN(
+      "FSDP 2 with float8 all-gather + precomputed scales vs 1 rank float8, max relative "
+      "difference over "
+      << kSteps << " steps: loss " << loss_rel << ", grad norm " << norm_rel);
   CHECK(loss_rel < 1e-5);
   CHECK(norm_rel < 1e-5);
   // bf16 compute: the float8 weight is cast from the fp32 master (torchao), not from its bf16
@@ -222,19 +227,22 @@ TEST_CASE("FSDP float8 all-gather: FSDP 2 equals the high-precision gather bit f
   double lin_bf16 = 0, lin_f8 = 0;
   expected_all_gather_bytes(2, false, &lin_bf16);
   expected_all_gather_bytes(2, true, &lin_f8);
-  WARN("all-gather KiB per step on a rank: fp32 " << measured["hp"] / 1024 << ", float8 gather "
-       << measured["f8"] / 1024 << " (" << measured["f8"] / measured["hp"] << " of fp32); bf16 "
-       << measured["hp_bf16"] / 1024 << ", float8 gather " << measured["f8_bf16"] / 1024 << " ("
-       << measured["f8_bf16"] / measured["hp_bf16"] << " of bf16); of which the float8 linears' "
-       "weights: bf16 " << lin_bf16 / 1024 << ", float8 " << lin_f8 / 1024 << " KiB");
+  WARN("all-gather KiB per step on a rank: fp32 "
+       << measured["hp"] / 1024 << ", float8 gather " << measured["f8"] / 1024 << " ("
+       << measured["f8"] / measured["hp"] << " of fp32); bf16 " << measured["hp_bf16"] / 1024
+       << ", float8 gather " << measured["f8_bf16"] / 1024 << " ("
+       << measured["f8_bf16"] / measured["hp_bf16"]
+       << " of bf16); of which the float8 linears' "
+          "weights: bf16 "
+       << lin_bf16 / 1024 << ", float8 " << lin_f8 / 1024 << " KiB");
   CHECK(lin_f8 == 0.5 * lin_bf16);
   CHECK(measured["f8_bf16"] < measured["hp_bf16"]);
   CHECK(std::abs((measured["hp_bf16"] - measured["f8_bf16"]) - 0.5 * lin_bf16) <=
         0.005 * measured["hp_bf16"]);
   for (const char* name : {"hp_bf16", "f8_bf16"}) {
     INFO(name);
-    CHECK_THAT(by[name]->r.out, Contains("capture check: " + std::to_string(kSteps - 2) +
-                                         " steps compared"));
+    CHECK_THAT(by[name]->r.out,
+               Contains("capture check: " + std::to_string(kSteps - 2) + " steps compared"));
   }
 
   // The amax all-reduces: the run without the float8 gather has the step's own (the norm and
@@ -244,7 +252,7 @@ TEST_CASE("FSDP float8 all-gather: FSDP 2 equals the high-precision gather bit f
   const double dynamic = comm_of(by["f8"]->r.out, "all-reduce").calls;
   const double pre = comm_of(by["f8pre"]->r.out, "all-reduce").calls;
   WARN("all-reduces per step: without the float8 gather " << base << ", with it " << dynamic
-       << ", with precomputed scales " << pre);
+                                                          << ", with precomputed scales " << pre);
   CHECK(dynamic == Approx(base + static_cast<double>(n_layers())).margin(0.06));
   CHECK(pre == Approx(base + (kSteps + 1.0) / kSteps).margin(0.06));
 }
