@@ -433,8 +433,8 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
 }
 
 TEST_CASE(
-    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
-    "get past TP and name async TP or float8 all-gather; 17Bx128E's pipeline plans",
+    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B names async TP "
+    "and then float8 linears with TP; 17Bx128E's pipeline plans",
     "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
@@ -447,7 +447,8 @@ TEST_CASE(
   auto a = parse({"--config", dir + "llama4_17bx16e.toml"});
   CHECK(a.cfg.parallelism.tensor_parallel_degree == 8);
   CHECK(a.cfg.parallelism.expert_tensor_parallel_degree == 8);
-  // Float8 linears run; without async TP, the next thing 405B asks for is float8 all-gather.
+  // Float8 linears and their FSDP float8 all-gather run; without async TP, the next thing 405B
+  // asks for is float8 linears with tensor parallelism.
   test::TempDir tmp("tt405");
   const std::string no_async =
       std::regex_replace(test::read_file(dir + "llama3_405b.toml"),
@@ -459,8 +460,8 @@ TEST_CASE(
   const std::vector<Case> cases = {
       {dir + "llama3_405b.toml", "parallelism.enable_async_tensor_parallel",
        "async tensor parallelism"},
-      {tmp.file("405b_no_async.toml"), "quantize.linear.float8.enable_fsdp_float8_all_gather",
-       "FSDP all-gather in float8"},
+      {tmp.file("405b_no_async.toml"), "parallelism.tensor_parallel_degree = 8",
+       "float8 linears"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config " + c.file + " --dump-config");
@@ -469,7 +470,7 @@ TEST_CASE(
     CHECK_THAT(r.out, Contains(c.key) && Contains(c.feature) &&
                           (Contains("titan-train does not support yet") ||
                            Contains("is not implemented yet") || Contains("is not allowed")));
-    CHECK_THAT(r.out, !Contains("tensor_parallel_degree = 8"));
+    CHECK_THAT(r.out, !Contains("enable_fsdp_float8_all_gather"));
   }
   // 17Bx128E gets past the pipeline keys: --dump-config loads it, training refuses PP (issue
   // 29) and --dump-schedule plans it (its local_batch_size 1 is 1 micro-batch, too few for
