@@ -117,6 +117,19 @@ std::optional<Float8Weight> float8_weight_of(const at::Tensor& w) {
   return Float8Weight{*it->second.opts, it->second.pre};
 }
 
+void copy_float8_mark(const at::Tensor& from, const at::Tensor& to) {
+  Marks& m = marks();
+  if (!m.any) return;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.by_impl.find(from.unsafeGetTensorImpl());
+  if (it == m.by_impl.end() || it->second.impl.expired()) return;
+  const std::optional<float8::Options> opts = it->second.opts;  // entry_of may rehash
+  const float8::Quantized pre = it->second.pre;
+  Mark& e = entry_of(m, to);
+  e.opts = opts;
+  e.pre = pre;
+}
+
 std::optional<float8::Options> float8_options_of(const at::Tensor& w) {
   std::optional<Float8Weight> f = float8_weight_of(w);
   if (!f) return std::nullopt;

@@ -50,5 +50,9 @@ struct Float8Weight {
 };
 // A marked weight's options and attached form, or nullopt when it is not marked.
 std::optional<Float8Weight> float8_weight_of(const at::Tensor& w);
+// Gives `to` the mark and attached form of `from`, if it has one. Activation checkpointing's
+// recompute runs a block on detached copies of its saved weights (new tensors): without the
+// copy its linears would recompute, and differentiate, in high precision.
+void copy_float8_mark(const at::Tensor& from, const at::Tensor& to);
 
 }  // namespace titan

@@ -460,8 +460,7 @@ TEST_CASE(
   const std::vector<Case> cases = {
       {dir + "llama3_405b.toml", "parallelism.enable_async_tensor_parallel",
        "async tensor parallelism"},
-      {tmp.file("405b_no_async.toml"), "parallelism.tensor_parallel_degree = 8",
-       "float8 linears"},
+      {tmp.file("405b_no_async.toml"), "parallelism.tensor_parallel_degree = 8", "float8 linears"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config " + c.file + " --dump-config");
