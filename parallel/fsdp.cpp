@@ -422,7 +422,9 @@ void FullyShardedDataParallel::layout_float8(Unit& u) {
 
 at::Tensor FullyShardedDataParallel::float8_scales(Unit& u, const std::vector<at::Tensor>& shards) {
   if (opts_.float8_precompute) {
-    if (!float8_scales_current(u)) precompute_float8_scales();  // the first step, or a load
+    // The first step's first gather: no optimizer step has computed them yet (the shards are
+    // initialized or loaded by then: the trainer loads before the first step).
+    if (!f8_scales_.defined()) precompute_float8_scales();
     // A copy: the buffer is rewritten after the optimizer step, the copy is this gather's.
     return f8_scales_.narrow(0, u.f8_first, u.f8_count).clone();
   }
@@ -435,17 +437,6 @@ at::Tensor FullyShardedDataParallel::float8_scales(Unit& u, const std::vector<at
   at::Tensor a = at::stack(amax).to(at::kFloat);  // (f8_count)
   u.group->allreduce(a, ReduceOp::Max);
   return float8::amax_to_scale(a, at::kFloat8_e4m3fn, /*power_of_2=*/false);
-}
-
-bool FullyShardedDataParallel::float8_scales_current(const Unit& u) const {
-  if (!f8_scales_.defined()) return false;
-  for (int64_t j = u.f8_first; j < u.f8_first + u.f8_count; ++j) {
-    const at::Tensor& v = model_.params()[f8_order_[static_cast<size_t>(j)]].value;
-    if (!v.is_same(f8_seen_[static_cast<size_t>(j)]) ||
-        static_cast<int64_t>(v._version()) != f8_seen_version_[static_cast<size_t>(j)])
-      return false;
-  }
-  return true;
 }
 
 // torchao's precompute_float8_dynamic_scale_for_fsdp: after the optimizer step, the amax of
@@ -465,9 +456,6 @@ void FullyShardedDataParallel::precompute_float8_scales() {
     f8_scales_.copy_(s);
   else
     f8_scales_ = s;
-  f8_seen_ = shards;
-  f8_seen_version_.clear();
-  for (const at::Tensor& v : shards) f8_seen_version_.push_back(static_cast<int64_t>(v._version()));
 }
 
 void FullyShardedDataParallel::after_optimizer_step() {

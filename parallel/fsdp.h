@@ -98,7 +98,6 @@ class FullyShardedDataParallel : public GradSync {
   void layout_float8(Unit& u);
   at::Tensor float8_scales(Unit& u, const std::vector<at::Tensor>& shards);
   void precompute_float8_scales();
-  bool float8_scales_current(const Unit& u) const;
   // Copies the gathered rows (grid, one row per rank) into the unit's full weights.
   void unpack(Unit& u, const at::Tensor& grid, bool refill);
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
@@ -122,8 +121,6 @@ class FullyShardedDataParallel : public GradSync {
   // optimizer step and forward read and write the same memory every replay.
   std::vector<int64_t> f8_order_;
   at::Tensor f8_scales_;                  // (slots) fp32
-  std::vector<at::Tensor> f8_seen_;       // the shards the scales were computed from
-  std::vector<int64_t> f8_seen_version_;  // and their version counters then (loads bump them)
 };
 
 // Bytes of parameters and AdamW state held by this rank (what sharding divides).
