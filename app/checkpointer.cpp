@@ -146,7 +146,7 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
   for (auto& [name, t] : st.model->buffers()) {
     if (!st.holds_buffer)
       add_replicated("buffers/" + name, t);
-    else if (group_.writes && st.holds_buffer(name))
+    else if (group_.writes && st.stage_lead && st.holds_buffer(name))
       s.entries.push_back({"buffers/" + name, stage("buffers/" + name, t), t.sizes().vec(), 0});
   }
   json ts;
@@ -167,7 +167,7 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
       at::Tensor step = st.optimizer->steps()[slot];
       if (!staged)
         add_replicated(key, step);
-      else if (group_.writes)
+      else if (group_.writes && st.stage_lead)
         s.entries.push_back({key, stage(key, step), step.sizes().vec(), 0});
     }
     add_replicated("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());

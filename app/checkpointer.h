@@ -33,6 +33,9 @@ struct TrainingState {
   // parameters, moments and step counts it holds, and the buffers `holds_buffer` names.
   std::vector<int64_t> opt_slot;
   std::function<bool(const std::string&)> holds_buffer;
+  // Pipeline parallelism with FSDP of the stages: every shard rank writes its rows, and only
+  // this one (the stage's shard rank 0) the stage's unsharded values (step counts, buffers).
+  bool stage_lead = true;
 };
 
 class Checkpointer {

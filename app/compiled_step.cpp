@@ -68,8 +68,14 @@ struct CompiledStep::Graphs {};
 #endif
 
 CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
-                           int64_t warmup_steps)
-    : model_(model), opt_(opt), sync_(sync), cuda_(cuda), warmup_(warmup_steps) {
+                           int64_t warmup_steps, StepPhases* phases)
+    : model_(model),
+      opt_(opt),
+      sync_(sync),
+      plain_(model, opt, sync),
+      phases_(phases ? phases : &plain_),
+      cuda_(cuda),
+      warmup_(warmup_steps) {
   if (!cuda_) {
     check_ = std::make_unique<CaptureCheck>(/*warmup_steps=*/1);
     return;
@@ -83,6 +89,23 @@ CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
 }
 
 CompiledStep::~CompiledStep() = default;
+
+// The eager step, train_step's phases and marks (through phases_).
+StepResult CompiledStep::eager_step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+  if (phases_ == &plain_) return train_step(model_, opt_, micro, o, sync_);
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  opt_.set_lr(o.lr);
+  mark(PhaseTimer::kStart);
+  StepResult r;
+  r.loss = phases_->forward_backward(micro, o);
+  phases_->reduce_gradients();
+  mark(PhaseTimer::kForwardBackwardDone);
+  r.grad_norm = phases_->optimizer(o);
+  mark(PhaseTimer::kOptimizerDone);
+  return r;
+}
 
 StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
   if (o.ep && o.ep->exact_only()) {
@@ -108,9 +131,9 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOp
   mark(PhaseTimer::kStart);
   check_->begin_step(key.str());
   StepResult r;
-  r.loss = forward_backward(model_, micro, so, sync_);
+  r.loss = phases_->forward_backward(micro, so);
   if (!so.ep) mark(PhaseTimer::kForwardBackwardDone);
-  reduce_gradients(model_, sync_);
+  phases_->reduce_gradients();
   if (so.ep) {
     // The overflow flag's reduction ends the first graph; its host read and an overflowed
     // step's eager re-run sit between the graphs, outside the checked step.
@@ -120,7 +143,7 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOp
     check_->resume();
     mark(PhaseTimer::kForwardBackwardDone);
   }
-  r.grad_norm = optimizer_phase(model_, opt_, so, sync_);
+  r.grad_norm = phases_->optimizer(so);
   const bool compared = check_->end_step();
   mark(PhaseTimer::kOptimizerDone);
   if (compared && !reported_) {
@@ -169,7 +192,7 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
     {
       c10::cuda::CUDAStreamGuard guard(g.stream);
       if (warm_ < warmup_) {
-        r = train_step(model_, opt_, micro, o, sync_);  // its phase marks are on g.stream
+        r = eager_step(micro, o);  // its phase marks are on g.stream
         ++warm_;
       } else {
         capture(micro, o);
@@ -224,13 +247,13 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
   comm_.begin();  // the collectives issued while capturing are recorded, not run
   try {
     g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    g.loss = forward_backward(model_, micro, o, sync_);
-    reduce_gradients(model_, sync_);
+    g.loss = phases_->forward_backward(micro, o);
+    phases_->reduce_gradients();
     if (o.ep) o.ep->reduce_overflow();  // the flag's all-reduce ends the first graph
     g.fwdbwd->capture_end();
     phase = "clip+AdamW";
     g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    g.grad_norm = optimizer_phase(model_, opt_, o, sync_);
+    g.grad_norm = phases_->optimizer(o);
     g.opt->capture_end();
   } catch (const std::exception& e) {
     // Not a user error: something on the step's path cannot be captured. The CPU capture

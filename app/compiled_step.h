@@ -36,7 +36,10 @@ void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_expert
 
 class CompiledStep {
  public:
-  CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda, int64_t warmup_steps = 3);
+  // `phases`: the step's phases when they are not the whole model's (a pipeline's: its
+  // schedule, its gradient reduction, its norm over the stages); null: the model's.
+  CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda, int64_t warmup_steps = 3,
+               StepPhases* phases = nullptr);
   ~CompiledStep();
 
   // One training step on the staged (static) inputs: eager warm-up, capture or replay on
@@ -60,11 +63,14 @@ class CompiledStep {
 
  private:
   StepResult step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o);
+  StepResult eager_step(const std::vector<MicroBatch>& micro, const StepOptions& o);
   void capture(const std::vector<MicroBatch>& micro, const StepOptions& o);
 
   Model& model_;
   AdamW& opt_;
   GradSync* sync_;
+  PlainStepPhases plain_;
+  StepPhases* phases_;  // plain_ or the caller's
   bool cuda_;
   int64_t warmup_;
   std::unique_ptr<CaptureCheck> check_;  // CPU

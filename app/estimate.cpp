@@ -495,14 +495,16 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
 void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan) {
   const auto& par = cfg.parallelism;
   // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
-  // dtype. Under TP each tp rank sends its own copy (no sequence sharding across stages yet).
+  // dtype. Under TP each tp rank sends its sequence shard (sequence parallel) to the same tp
+  // rank of the next stage.
   const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
-  const double act = static_cast<double>(par.pipeline_parallel_microbatch_size *
-                                         cfg.training.seq_len * info.dim * dtype_bytes);
+  const int64_t seq = cfg.training.seq_len / par.tensor_parallel_degree;
+  const double act =
+      static_cast<double>(par.pipeline_parallel_microbatch_size * seq * info.dim * dtype_bytes);
   constexpr double kMib = 1024.0 * 1024.0;
   std::printf("p2p per step: activation (%lld, %lld, %lld) %s = %.3f MiB per transfer\n",
               static_cast<long long>(par.pipeline_parallel_microbatch_size),
-              static_cast<long long>(cfg.training.seq_len), static_cast<long long>(info.dim),
+              static_cast<long long>(seq), static_cast<long long>(info.dim),
               dtype_bytes == 2 ? "bfloat16" : "float32", act / kMib);
   int64_t all_sends = 0;
   for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
@@ -554,10 +556,106 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
   }
 }
 
+// The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
+// parameter), split over dp_shard x tp as evenly as FSDP and TP allow; under FSDP also its
+// weights gathered in the compute dtype, which stay whole through the step (each
+// micro-batch's forward and backward uses them).
+void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
+                        int64_t dp_shard) {
+  const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
+  const double gathered_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2.0 : 4.0;
+  const auto units = m.param_units();
+  const auto& params = m.params().all();
+  std::printf(
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld%s):\n",
+      static_cast<long long>(dp_shard), static_cast<long long>(tp),
+      dp_shard > 1 ? "; then the weights FSDP gathers, held through the step" : "");
+  std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
+  for (const PipelineStageSpec& sp : st.stages) {
+    int64_t n = 0;
+    for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
+      for (int64_t i : units[static_cast<size_t>(u)].params) {
+        int64_t k = 1;
+        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
+        n += k;
+      }
+    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(dp_shard * tp);
+    const double gathered =
+        dp_shard > 1 ? gathered_bytes * static_cast<double>(n) / static_cast<double>(tp) : 0.0;
+    per_rank[static_cast<size_t>(sp.rank)] += bytes + gathered;
+    char name[64];
+    const bool billions = n >= 1000000000;
+    std::snprintf(name, sizeof name, "stage %lld (rank %lld), %.3f%s params",
+                  static_cast<long long>(sp.index), static_cast<long long>(sp.rank),
+                  static_cast<double>(n) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
+    print_gib(name, bytes);
+    if (dp_shard > 1) {
+      std::snprintf(name, sizeof name, "stage %lld, gathered weights",
+                    static_cast<long long>(sp.index));
+      print_gib(name, gathered);
+    }
+  }
+  for (int64_t r = 0; r < pp; ++r) {
+    char name[48];
+    std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
+    print_gib(name, per_rank[static_cast<size_t>(r)]);
+  }
+}
+
+// The step time under PP, modelled: a stage's forward + backward of one micro-batch from its
+// FLOPs (its layers' share of the model's per-token FLOPs, plus the output projection on the
+// last stage) over tp ranks at the card's assumed efficiency; a rank's compute over the
+// step's micro-batches, stretched by its scheduled idle share (busy / makespan ticks); plus
+// its point-to-point sends, not overlapped (across nodes once the world exceeds one).
+// FSDP's per-stage gathers and reductions are taken as overlapped, tensor parallel's and MoE
+// imbalance are not modelled.
+void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan,
+                         const Gpu& g, int64_t world, int64_t accum) {
+  const auto& par = cfg.parallelism;
+  const int64_t tp = par.tensor_parallel_degree, pp = plan.stages.pp_degree;
+  const int64_t seq = cfg.training.seq_len;
+  const double fpt = static_cast<double>(info.flops_per_token(seq));
+  const double head = 6.0 * static_cast<double>(info.dim * info.vocab_size);
+  const double per_layer = (fpt - head) / static_cast<double>(info.n_layers);
+  const double mb_tokens = static_cast<double>(par.pipeline_parallel_microbatch_size * seq);
+  const double runs = static_cast<double>(plan.microbatches * accum);  // per stage and step
+  const double speed = g.peak_flops * g.efficiency;
+  std::vector<double> compute(static_cast<size_t>(pp), 0.0), sent(static_cast<size_t>(pp), 0.0);
+  for (const PipelineStageSpec& sp : plan.stages.stages) {
+    const double f =
+        per_layer * static_cast<double>(sp.end_layer - sp.first_layer) + (sp.has_head ? head : 0);
+    compute[static_cast<size_t>(sp.rank)] += f * mb_tokens / static_cast<double>(tp) / speed * runs;
+  }
+  const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
+  const double act = mb_tokens / static_cast<double>(tp) * static_cast<double>(info.dim) *
+                     static_cast<double>(dtype_bytes);
+  for (size_t r = 0; r < plan.schedule.ranks.size(); ++r)
+    for (const Action& x : plan.schedule.ranks[r])
+      if (x.type == ActionType::kSendF || x.type == ActionType::kSendB)
+        sent[r] += act * static_cast<double>(accum);
+  const double bw = world <= g.per_node ? g.intra_bytes_s : g.inter_bytes_s;
+  double step = 0;
+  for (int64_t r = 0; r < pp; ++r) {
+    const double busy = static_cast<double>(plan.timeline.busy[static_cast<size_t>(r)]);
+    const double stretch = busy > 0 ? static_cast<double>(plan.timeline.makespan) / busy : 1.0;
+    const double t = compute[static_cast<size_t>(r)] * stretch + sent[static_cast<size_t>(r)] / bw;
+    std::printf("  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s -> "
+                "%.4g s\n",
+                static_cast<long long>(r), compute[static_cast<size_t>(r)], stretch,
+                sent[static_cast<size_t>(r)] / bw, t);
+    step = std::max(step, t);
+  }
+  const double rank_flops =
+      fpt * mb_tokens * runs / static_cast<double>(tp * pp);  // the model's work, shared
+  std::printf("step time: %.4g s (the slowest pipeline rank); MFU %.1f%% (assumed: follows from "
+              "the assumed efficiency %.0f%% and the schedule's bubble, not measured)\n",
+              step, 100.0 * rank_flops / (step * g.peak_flops), 100 * g.efficiency);
+}
+
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and
 // the training state of each stage. The stage split, schedule and check are --dump-schedule's
-// (app/pipeline_dump.h), then each stage's activations and each rank's peak of them. The step
-// time is not modelled under PP yet.
+// (app/pipeline_dump.h), then each stage's activations and each rank's peak of them, then
+// the step time.
 int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gpu) {
   const auto& par = cfg.parallelism;
   const int64_t pp = par.pipeline_parallel_degree;
@@ -598,38 +696,9 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
 
   print_pipeline_p2p(cfg, info, plan);
 
-  // The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
-  // parameter), split over dp_shard x tp as evenly as FSDP and TP allow.
-  const auto units = m->param_units();
-  const auto& params = m->params().all();
-  std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld):\n",
-      static_cast<long long>(d.dp_shard), static_cast<long long>(tp));
-  std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
-  for (const PipelineStageSpec& sp : st.stages) {
-    int64_t n = 0;
-    for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
-      for (int64_t i : units[static_cast<size_t>(u)].params) {
-        int64_t k = 1;
-        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
-        n += k;
-      }
-    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(d.dp_shard * tp);
-    per_rank[static_cast<size_t>(sp.rank)] += bytes;
-    char name[48];
-    const bool billions = n >= 1000000000;
-    std::snprintf(name, sizeof name, "stage %lld (rank %lld), %.3f%s params",
-                  static_cast<long long>(sp.index), static_cast<long long>(sp.rank),
-                  static_cast<double>(n) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
-    print_gib(name, bytes);
-  }
-  for (int64_t r = 0; r < pp; ++r) {
-    char name[48];
-    std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
-    print_gib(name, per_rank[static_cast<size_t>(r)]);
-  }
+  print_stage_memory(cfg, *m, st, d.dp_shard);
   print_pipeline_activations(inner, world / pp, plan);
-  std::printf("time: not modelled under pipeline parallelism yet (issue 29)\n");
+  print_pipeline_time(cfg, info, plan, gpu_named(gpu), world, d.grad_accum_steps);
   return 0;
 }
 

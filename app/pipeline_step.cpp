@@ -8,17 +8,47 @@
 namespace titan {
 
 PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp,
-                                   at::ScalarType dtype, at::Device device, uint64_t seed)
-    : cfg_(cfg), model_(model), pp_(pp) {
+                                   at::ScalarType dtype, at::Device device, uint64_t seed,
+                                   bool allocate)
+    : cfg_(cfg), model_(model), pp_(pp), dtype_(dtype), device_(device) {
   plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
   const auto& par = cfg.parallelism;
-  std::vector<int64_t> activation{par.pipeline_parallel_microbatch_size, cfg.training.seq_len,
+  // Under tensor parallelism the blocks pass sequence shards (sequence parallel): each tp
+  // rank sends its own shard to the same tp rank of the next stage.
+  std::vector<int64_t> activation{par.pipeline_parallel_microbatch_size,
+                                  cfg.training.seq_len / par.tensor_parallel_degree,
                                   model.info().dim};
   runner_ = std::make_unique<PipelineRunner>(model, pp, plan_.stages, plan_.schedule,
                                              std::move(activation), dtype, device);
   params_ = runner_->stage_params();
+  if (!allocate) return;
   model.params().materialize(params_);
   model.init_weights(seed);  // draws only the allocated parameters (the streams are by name)
+}
+
+bool PipelineTraining::holds_last_stage() const {
+  return plan_.stages.stage_to_rank().back() == runner_->rank();
+}
+
+at::Tensor PipelineTraining::eval_loss_sum(const MicroBatch& batch) {
+  const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
+  const int64_t n = batch.tokens.size(0) / mbs;
+  if (!eval_runner_) {
+    const auto& v = cfg_.validation;
+    TORCH_CHECK(v.local_batch_size % mbs == 0, "validation batch ", v.local_batch_size,
+                " for micro-batches of ", mbs);  // validate_config refuses it
+    std::vector<int64_t> activation{mbs, v.seq_len / cfg_.parallelism.tensor_parallel_degree,
+                                    model_.info().dim};
+    const PipelineStagePlan& sp = plan_.stages;
+    eval_runner_ = std::make_unique<PipelineRunner>(
+        model_, pp_, sp, make_forward_schedule(sp.stage_to_rank(), sp.pp_degree, n),
+        std::move(activation), dtype_, device_);
+  }
+  std::vector<MicroBatch> pieces;
+  for (int64_t k = 0; k < n; ++k)
+    pieces.push_back(
+        {batch.tokens.narrow(0, k * mbs, mbs), batch.labels.narrow(0, k * mbs, mbs)});
+  return eval_runner_->run(pieces, /*global_tokens=*/1.0, /*aux_div=*/1.0);
 }
 
 bool PipelineTraining::holds_layer(int64_t l) const {
@@ -63,19 +93,22 @@ std::string PipelineTraining::describe() const {
   return os.str();
 }
 
-StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
-                                  const StepOptions& o, GradSync* sync) {
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  opt.set_lr(o.lr);
-  mark(PhaseTimer::kStart);
+void PipelineTraining::bind(AdamW& opt, GradSync* sync) {
+  opt_ = &opt;
+  sync_ = sync;
+}
+
+at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& micro,
+                                              const StepOptions& o) {
   const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
   const int64_t n = plan_.microbatches;
   // The auxiliary loss of a pipeline micro-batch is a mean over its sequences: the step's is
   // the mean over every sequence, as train_step's.
   const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
-  StepResult r;
+  // The schedule interleaves the backwards of its micro-batches, so no backward is "the last
+  // micro-batch's": the replicas' gradients are summed in reduce_gradients, once.
+  if (sync_) sync_->begin_micro_batch(false);
+  at::Tensor total;
   for (const MicroBatch& big : micro) {
     TORCH_CHECK(big.tokens.size(0) == n * mbs, "pipeline step: a micro-batch of ",
                 big.tokens.size(0), " sequences for ", n, " pipeline micro-batches of ", mbs);
@@ -83,25 +116,54 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({big.tokens.narrow(0, k * mbs, mbs), big.labels.narrow(0, k * mbs, mbs)});
     at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
+    if (o.plant_host_read && holds_last_stage()) plant_host_read(loss);
     compute_ms_ += runner_->last_compute_ms();
     total_ms_ += runner_->last_total_ms();
-    r.loss = r.loss.defined() ? r.loss + loss : loss;
+    total = total.defined() ? total + loss : loss;
   }
-  std::vector<at::Tensor> mine;
-  for (int64_t i : params_) mine.push_back(model_.params()[i].value);
-  if (sync) sync->reduce_gradients(mine);
-  mark(PhaseTimer::kForwardBackwardDone);
+  return total;
+}
+
+std::vector<at::Tensor> PipelineTraining::mine() const {
+  std::vector<at::Tensor> out;
+  for (int64_t i : params_) out.push_back(model_.params()[i].value);
+  return out;
+}
+
+void PipelineTraining::reduce_gradients() {
+  if (sync_) sync_->reduce_gradients(mine());
+}
+
+at::Tensor PipelineTraining::optimizer(const StepOptions& o) {
+  TORCH_CHECK(opt_, "PipelineTraining: no optimizer bound");
   RECORD_USER_SCOPE("titan::optimizer");
-  at::Tensor norm_sq = grad_norm_sq(mine);
-  if (sync) sync->reduce_norm_sq(norm_sq);
+  const std::vector<at::Tensor> params = mine();
+  at::Tensor norm_sq = grad_norm_sq(params);
+  if (sync_) sync_->reduce_norm_sq(norm_sq);
   pp_.allreduce(norm_sq, ReduceOp::Sum);  // every stage's share of the one norm
-  r.grad_norm = at::sqrt(norm_sq);
-  clip_grad_norm(mine, o.max_norm, r.grad_norm);
-  opt.step();
+  at::Tensor norm = at::sqrt(norm_sq);
+  clip_grad_norm(params, o.max_norm, norm);
+  opt_->step();
   model_.weights_updated();
-  opt.zero_grad();
+  opt_->zero_grad();
   model_.after_optimizer_step();
-  if (sync) sync->after_optimizer_step();
+  if (sync_) sync_->after_optimizer_step();
+  return norm;
+}
+
+StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
+                                  const StepOptions& o, GradSync* sync) {
+  bind(opt, sync);
+  auto mark = [&o](PhaseTimer::Phase p) {
+    if (o.timer) o.timer->mark(p);
+  };
+  opt.set_lr(o.lr);
+  mark(PhaseTimer::kStart);
+  StepResult r;
+  r.loss = forward_backward(micro, o);
+  reduce_gradients();
+  mark(PhaseTimer::kForwardBackwardDone);
+  r.grad_norm = optimizer(o);
   mark(PhaseTimer::kOptimizerDone);
   return r;
 }

@@ -25,12 +25,13 @@
 
 namespace titan {
 
-class PipelineTraining {
+class PipelineTraining : public StepPhases {
  public:
   // `model` was built with its parameters deferred (meta): this allocates and initializes
-  // from `seed` only those of this rank's stages. `pp` is the pipeline group.
+  // from `seed` only those of this rank's stages, unless `allocate` is false (FSDP of the
+  // stages: the caller shards params() and initializes them). `pp` is the pipeline group.
   PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp, at::ScalarType dtype,
-                   at::Device device, uint64_t seed);
+                   at::Device device, uint64_t seed, bool allocate = true);
 
   // Store indices of this rank's parameters, ascending (what the optimizer steps).
   const std::vector<int64_t>& params() const { return params_; }
@@ -40,6 +41,21 @@ class PipelineTraining {
   // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
   StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
                   GradSync* sync = nullptr);
+  // The optimizer and gradient sync the phases below use (step() binds them too).
+  void bind(AdamW& opt, GradSync* sync);
+  // StepPhases, for the capture check and the CUDA graphs (app/compiled_step.h): the schedule
+  // over every micro-batch (the loss share); the data-parallel gradient reduction; the norm
+  // over every stage, clipping, AdamW and the post-step update (the global norm).
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
+                              const StepOptions& o) override;
+  void reduce_gradients() override;
+  at::Tensor optimizer(const StepOptions& o) override;
+  // Validation: the summed token loss of `batch` (validation.local_batch_size sequences, cut
+  // into pipeline micro-batches) through the stages' forwards alone, no gradient; on the
+  // ranks holding the last stage, zero elsewhere. Call under NoGradGuard.
+  at::Tensor eval_loss_sum(const MicroBatch& batch);
+  // Whether this rank holds the last stage (it scores the tokens).
+  bool holds_last_stage() const;
   // "pipeline parallel 2 (1F1B, 2 stages, 4 micro-batches of 1): this rank holds stage 0:
   // tok_embeddings, layers.0-2"
   std::string describe() const;
@@ -60,7 +76,13 @@ class PipelineTraining {
   ProcessGroup& pp_;
   PipelinePlan plan_;
   std::unique_ptr<PipelineRunner> runner_;
+  std::unique_ptr<PipelineRunner> eval_runner_;  // forwards only, validation's shapes
+  at::ScalarType dtype_;
+  at::Device device_;
   std::vector<int64_t> params_;
+  AdamW* opt_ = nullptr;
+  GradSync* sync_ = nullptr;
+  std::vector<at::Tensor> mine() const;  // this rank's parameters, in params_' order
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
 };
 

@@ -31,16 +31,10 @@ const std::vector<MicroBatch>& StepInputs::stage(const std::vector<MicroBatch>& 
   return bufs_;
 }
 
-namespace {
-
-// Test hook (TITAN_PLANT_ERROR=host_read): a host read after the output layer, the break the
-// capture check must refuse (exit 2).
 void plant_host_read(const at::Tensor& loss) {
   ModuleScope scope("output");
   (void)loss.item<double>();
 }
-
-}  // namespace
 
 at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
                             const StepOptions& o, GradSync* grad_sync) {

@@ -73,6 +73,41 @@ void reduce_gradients(Model& model, GradSync* sync);
 // global gradient norm before clipping (0-d, on the device).
 at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* sync);
 
+// The three phases of a step as a unit, for the runners that hold them in their own order
+// (the capture check and the CUDA graphs of app/compiled_step.h): the functions above for a
+// whole model (PlainStepPhases), or a pipeline's (app/pipeline_step.h).
+class StepPhases {
+ public:
+  virtual ~StepPhases() = default;
+  virtual at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
+                                      const StepOptions& o) = 0;
+  virtual void reduce_gradients() = 0;
+  virtual at::Tensor optimizer(const StepOptions& o) = 0;
+};
+
+class PlainStepPhases : public StepPhases {
+ public:
+  PlainStepPhases(Model& model, AdamW& opt, GradSync* sync)
+      : model_(model), opt_(opt), sync_(sync) {}
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
+                              const StepOptions& o) override {
+    return titan::forward_backward(model_, micro, o, sync_);
+  }
+  void reduce_gradients() override { titan::reduce_gradients(model_, sync_); }
+  at::Tensor optimizer(const StepOptions& o) override {
+    return optimizer_phase(model_, opt_, o, sync_);
+  }
+
+ private:
+  Model& model_;
+  AdamW& opt_;
+  GradSync* sync_;
+};
+
+// Test hook (StepOptions::plant_host_read, TITAN_PLANT_ERROR=host_read): a host read of the
+// loss after the output layer, the break the capture check must refuse (exit 2).
+void plant_host_read(const at::Tensor& loss);
+
 // Sets the model's recompute policy from activation_checkpoint.mode and
 // selective_ac_option, as a training run does (the trainer and `titan-train estimate`).
 // Returns "none", "full", "op" or "every N".

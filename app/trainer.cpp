@@ -383,24 +383,59 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
   ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
 }
 
+// Pipeline parallelism: tensor parallelism first (the stages' parameters become tp slices),
+// then only this rank's stages are allocated and drawn, sharded (FSDP, HSDP) or replicated
+// (DDP) over the stage's data-parallel ranks. The MoE load counts of a layer live on its
+// stage: summed over the stage group, never along the pipeline.
+void Trainer::parallelize_pipeline() {
+  apply_tp();
+  if (cfg_.parallelism.expert_parallel_degree > 1) set_expert_exchange(*mesh_->ep_group);
+  pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
+                                                 bf16_ ? at::kBFloat16 : at::kFloat, device_,
+                                                 static_cast<uint64_t>(cfg_.debug.seed),
+                                                 /*allocate=*/!fsdp_);
+  if (fsdp_) {
+    // As torchtitan: no reshard after forward inside a step (the schedule runs each stage's
+    // forward once per micro-batch), so a unit is gathered once per step.
+    FsdpOptions fo;
+    fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = reduce_dtype(cfg_);
+    fo.reshard_after_forward = false;
+    fo.gather_once_per_step = true;
+    fo.only_params = pipeline_->params();
+    if (!comm_overlap()) {
+      fo.backward_prefetch = false;
+      fo.max_inflight_reductions = 0;
+    }
+    if (float8_linear_enabled(cfg_) && cfg_.float8.enable_fsdp_float8_all_gather) {
+      const std::vector<int64_t>& mine = fo.only_params;  // this rank's stages' float8 weights
+      for (int64_t i : model_->float8_params())
+        if (std::find(mine.begin(), mine.end(), i) != mine.end()) fo.float8_params.push_back(i);
+      fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
+    }
+    sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
+    model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    grad_sync_ = sharded_.get();
+  } else if (mesh_->dp_degree() > 1) {
+    // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
+    // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
+    std::vector<at::Tensor> mine;
+    for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
+    ddp_ = std::make_unique<DataParallel>(*mesh_->replicate_group, mine, reduce_dtype(cfg_),
+                                          25 << 20, /*overlap=*/false);
+    grad_sync_ = ddp_.get();
+  }
+  if (tp_ > 1) {
+    tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
+    grad_sync_ = tp_sync_.get();
+  }
+  if (mesh_->world->size() > 1)
+    model_->set_dp_allreduce([g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
+}
+
 void Trainer::parallelize() {
   if (pp_ > 1) {
-    // Only this rank's stages are allocated and drawn. The MoE load counts of a layer live on
-    // its stage: summed over the stage's DDP replicas, if any, never along the pipeline.
-    pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
-                                                   bf16_ ? at::kBFloat16 : at::kFloat, device_,
-                                                   static_cast<uint64_t>(cfg_.debug.seed));
-    if (mesh_->dp_degree() > 1) {
-      // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
-      // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
-      std::vector<at::Tensor> mine;
-      for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
-      ddp_ = std::make_unique<DataParallel>(*mesh_->world, mine, reduce_dtype(cfg_), 25 << 20,
-                                            /*overlap=*/false);
-      grad_sync_ = ddp_.get();
-      model_->set_dp_allreduce(
-          [g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
-    }
+    parallelize_pipeline();
     return;
   }
   apply_tp();
@@ -498,7 +533,9 @@ void Trainer::setup_compile() {
   // The backend the model resolved (with compile.enable: static_step) for its shapes.
   const bool loop = moe && model_->experts_backend() == "loop";
   check_compile_config(cfg_, moe, loop);
-  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_);
+  if (pipeline_) pipeline_->bind(*opt_, grad_sync_);
+  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_,
+                                             /*warmup_steps=*/3, pipeline_.get());
   log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
                    "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
                  : std::string("=> compile: no CUDA here; the step runs eagerly under the "
@@ -537,10 +574,9 @@ void Trainer::log_plan() const {
   if (tp_ > 1)
     layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
              describe_tp(*model_, tp_);
-  if (pipeline_)
+  if (pipeline_)  // what each stage's ranks do, if more than one holds it
     layout = pipeline_->describe() +
-             (ddp_ ? "; " + std::to_string(d_.dp_degree) + " DDP replicas, " + ddp_->describe()
-                   : std::string());
+             (layout == "single process" ? std::string() : "; each stage: " + layout);
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
   const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
@@ -608,8 +644,8 @@ void Trainer::resume() {
   cg.writers = (sharded_ ? mesh_->shard : 1) * tp_;  // every tp rank of a writing dp rank
   // Under pipeline parallelism replica 0 of each stage writes what the stage holds.
   if (pipeline_) {
-    cg.writes = dp_rank_ == 0;
-    cg.writers = pp_;
+    cg.writes = sharded_ ? mesh_->replicate_index == 0 : dp_rank_ == 0;
+    cg.writers = pp_ * (sharded_ ? mesh_->shard : 1) * tp_;
   }
   if (pg_) {
     if (launch_.rank == 0) pg_->store_set("checkpoint/token", std::to_string(::getpid()));
@@ -630,6 +666,7 @@ void Trainer::resume() {
     state_.holds_buffer = [p = pipeline_.get()](const std::string& name) {
       return p->holds_buffer(name);
     };
+    state_.stage_lead = (!sharded_ || mesh_->shard_index == 0) && mesh_->tp_index == 0;
   }
   // The loader's position (global samples and draws per source) is the same on every rank
   // and independent of the world size, so a resume on another layout continues it.
@@ -914,9 +951,17 @@ void Trainer::validate(int64_t step) {
   int64_t tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
     MicroBatch b = vr.next();
+    if (pipeline_) {  // the last stage's ranks score the pipeline's batch
+      sum += pipeline_->eval_loss_sum(b).to(at::kDouble);
+      tokens += pipeline_->holds_last_stage() ? b.labels.numel() : 0;
+      continue;
+    }
     sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);
     tokens += b.labels.numel() / cp_;  // a cp rank scores its slice of each sequence
   }
+  // FSDP of pipeline stages keeps a unit gathered until its step ends: drop validation's, so
+  // that every train step starts from the shards (the same ops each step).
+  if (pipeline_ && sharded_) sharded_->release_gathered();
   if (pg_) {  // each rank scored its own windows
     at::Tensor tk = at::full({}, static_cast<double>(tokens), sum.options());
     pg_->allreduce(sum);

@@ -50,6 +50,7 @@ class Trainer {
   void store_barrier(const std::string& name);
   void setup_model();
   void parallelize();
+  void parallelize_pipeline();
   void apply_tp();
   void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                          int64_t steps) const;

@@ -127,13 +127,17 @@ struct FullyShardedDataParallel::Replication {
 // forward: shards -> full weights (all-gather); backward: full grads -> shard grads
 // (reduce-scatter).
 struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gather> {
-  static variable_list forward(AutogradContext* ctx, int64_t self_ptr, int64_t unit,
+  // alias: another forward of the step under gather_once_per_step (no collective).
+  static variable_list forward(AutogradContext* ctx, int64_t self_ptr, int64_t unit, bool alias,
                                at::TensorList shards) {
     auto* self = reinterpret_cast<FullyShardedDataParallel*>(self_ptr);
     ctx->saved_data["self"] = self_ptr;
     ctx->saved_data["unit"] = unit;
     Unit& u = *self->units_[static_cast<size_t>(unit)];
-    self->gather_into(u, shards.vec(), /*refill=*/false);
+    if (alias)
+      self->alias_full(u);
+    else
+      self->gather_into(u, shards.vec(), /*refill=*/false);
     return u.full;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -142,8 +146,9 @@ struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gathe
     // The shard gradients arrive when the reduce-scatter is waited for (reduce_gradients),
     // not through autograd, so backward goes on while it runs.
     self->start_reduce_scatter(u, grads);
-    self->release(u);  // reshard after backward
-    return variable_list(2 + u.params.size());
+    // Reshard after backward; once per step instead when later micro-batches share them.
+    if (!self->opts_.gather_once_per_step) self->release(u);
+    return variable_list(3 + u.params.size());
   }
 };
 
@@ -218,14 +223,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
   at::NoGradGuard ng;
   auto& params = model.params().all();
   block_units_.resize(static_cast<size_t>(model.info().n_layers));
-  where_.resize(params.size());
+  where_.resize(params.size(), {-1, -1});
+  std::vector<bool> own(params.size(), opts.only_params.empty());
+  for (int64_t i : opts.only_params) own[static_cast<size_t>(i)] = true;
+  TORCH_CHECK(!opts.gather_once_per_step || !opts.reshard_after_forward,
+              "FSDP: gather_once_per_step needs reshard_after_forward = false");
   // The model's units, in forward order; under expert parallelism a block's expert weights
   // form a unit of their own over the efsdp group.
   std::vector<int64_t> order;
   for (const ParamUnit& pu : model.param_units()) {
     std::vector<int64_t> dense, expert;
     for (int64_t i : pu.params)
-      (params[static_cast<size_t>(i)].expert() && mesh.ep > 1 ? expert : dense).push_back(i);
+      if (own[static_cast<size_t>(i)])
+        (params[static_cast<size_t>(i)].expert() && mesh.ep > 1 ? expert : dense).push_back(i);
     for (auto* part : {&dense, &expert}) {
       if (part->empty()) continue;
       const bool ex = part == &expert;
@@ -319,6 +329,7 @@ at::Tensor FullyShardedDataParallel::pack(const Unit& u, const std::vector<at::T
 
 void FullyShardedDataParallel::prefetch(Unit& u, bool regather) {
   if (u.prefetch_work.pending() || u.prefetch_recv.defined()) return;
+  if (opts_.gather_once_per_step && !u.full.empty() && !u.released) return;  // gathered
   at::NoGradGuard ng;
   std::vector<at::Tensor> shards;
   for (int64_t i : u.params) shards.push_back(model_.params()[i].value);
@@ -544,11 +555,14 @@ at::Tensor FullyShardedDataParallel::weight(int64_t i) {
   // A second request for the same weight means a new forward: gather again, so each forward
   // has its own autograd node (and its own reduce-scatter in backward).
   if (u.full.empty() || u.handed[static_cast<size_t>(k)] || u.released) {
+    const bool alias = opts_.gather_once_per_step && !u.full.empty() && !u.released;
     std::vector<at::Tensor> shards;
     for (int64_t j : u.params) shards.push_back(model_.params()[j].value);
     if (at::GradMode::is_enabled()) {
-      Gather::apply(reinterpret_cast<int64_t>(this), ui, at::TensorList(shards));
+      Gather::apply(reinterpret_cast<int64_t>(this), ui, alias, at::TensorList(shards));
       // Gather::forward stored the outputs in u.full; apply wrapped the same tensors.
+    } else if (alias) {
+      alias_full(u);
     } else {
       gather_into(u, shards, /*refill=*/false);
     }
@@ -558,6 +572,17 @@ at::Tensor FullyShardedDataParallel::weight(int64_t i) {
   }
   u.handed[static_cast<size_t>(k)] = true;
   return u.full[static_cast<size_t>(k)];
+}
+
+void FullyShardedDataParallel::alias_full(Unit& u) {
+  at::NoGradGuard ng;
+  for (at::Tensor& t : u.full) {
+    at::Tensor a = at::empty({0}, t.options().requires_grad(false));
+    a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+    copy_float8_mark(t, a);  // a float8-gathered weight's stand-in: its e4m3 form goes along
+    t = a;  // the earlier forward's tensor lives on in its own autograd graph
+  }
+  u.handed.assign(u.params.size(), false);
 }
 
 at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor& out) {
@@ -575,8 +600,11 @@ at::Tensor FullyShardedDataParallel::after_block(int64_t block, const at::Tensor
 void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) {
   at::NoGradGuard ng;
   while (!reductions_.empty()) finish_oldest_reduction();
+  if (!last_micro_batch_ && mesh_.replicate > 1)  // no backward started them: all at once
+    for (size_t ui = 0; ui < units_.size(); ++ui) start_replication(static_cast<int64_t>(ui));
   for (Replication& rep : replications_) rep.flat.finish(shards_of(rep.unit));
   replications_.clear();
+  if (opts_.gather_once_per_step) release_gathered();  // the step's schedule is done with them
   // A backward prefetch nobody consumed (a block whose output got no gradient) holds the
   // weights from before the optimizer step: finish it and drop it.
   for (auto& u : units_) {
@@ -584,6 +612,14 @@ void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) 
     u->prefetch_send = u->prefetch_recv = u->prefetch_scales = at::Tensor();
   }
   last_micro_batch_ = true;
+}
+
+void FullyShardedDataParallel::release_gathered() {
+  for (auto& u : units_) {
+    if (!u->full.empty() && !u->released) release(*u);
+    u->prefetch_work.wait();  // a prefetch nobody consumed: stale after the next step
+    u->prefetch_send = u->prefetch_recv = u->prefetch_scales = at::Tensor();
+  }
 }
 
 void FullyShardedDataParallel::reduce_norm_sq(at::Tensor& norm_sq) {

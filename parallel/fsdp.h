@@ -52,6 +52,14 @@ struct FsdpOptions {
   // each optimizer step, all at once (one fused amax, one all-reduce), instead of one
   // all-reduce per unit at each forward gather.
   bool float8_precompute = false;
+  // Pipeline parallelism: only these store indices (this rank's stages) are sharded; the
+  // rest stay unallocated (meta). Empty: every parameter.
+  std::vector<int64_t> only_params;
+  // Pipeline parallelism: a unit is gathered once per step and every later forward of the
+  // step (the schedule's other micro-batches) gets aliases of the same full weights, each
+  // with its own autograd node (its own reduce-scatter in backward); the full weights are
+  // freed when reduce_gradients ends the step. Needs reshard_after_forward = false.
+  bool gather_once_per_step = false;
 };
 
 class FullyShardedDataParallel : public GradSync {
@@ -65,8 +73,13 @@ class FullyShardedDataParallel : public GradSync {
   void begin_micro_batch(bool last) override { last_micro_batch_ = last; }
   // Waits for the reduce-scatters that backward started (and HSDP's replica all-reduces,
   // started as each unit's reduce-scatter finishes in the last backward) and writes the
-  // shard gradients.
+  // shard gradients. A step whose backwards never ran as the last micro-batch (a pipeline
+  // schedule's, begin_micro_batch(false) before it) all-reduces every unit over the replicas
+  // here, once.
   void reduce_gradients(const std::vector<at::Tensor>& params) override;
+  // gather_once_per_step: frees the units gathered since the last step (an evaluation's
+  // forwards), so that the next forward gathers again.
+  void release_gathered();
   // Sums the squared norm of the local shards over the shard group.
   void reduce_norm_sq(at::Tensor& norm_sq) override;
   // With float8_precompute: the next step's float8 all-gather scales, from the updated shards.
@@ -87,6 +100,8 @@ class FullyShardedDataParallel : public GradSync {
   // Cuts parameter i to this rank's rows and appends it to unit u (index ui).
   void shard_param(Unit& u, int64_t ui, int64_t i);
   at::Tensor weight(int64_t i);
+  // gather_once_per_step: fresh aliases of unit u's gathered weights for another forward.
+  void alias_full(Unit& u);
   at::Tensor after_block(int64_t block, const at::Tensor& out);
   // A rank's flat share of unit u: its shards in param_dtype, or with float8 weights its
   // bytes (float8 ones cast with `scales`, one per float8 weight of u).

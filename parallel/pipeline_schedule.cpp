@@ -366,6 +366,23 @@ PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64
   return s;
 }
 
+PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank,
+                                       int64_t num_ranks, int64_t num_microbatches) {
+  PipelineSchedule sc;
+  sc.name = "forward-only";
+  sc.num_ranks = num_ranks;
+  sc.num_stages = static_cast<int64_t>(stage_to_rank.size());
+  sc.num_microbatches = num_microbatches;
+  sc.stage_to_rank = stage_to_rank;
+  sc.forward_only = true;
+  sc.ranks.resize(static_cast<size_t>(num_ranks));
+  for (int64_t st = 0; st < sc.num_stages; ++st)
+    for (int64_t j = 0; j < num_microbatches; ++j)
+      sc.ranks.at(static_cast<size_t>(stage_to_rank[static_cast<size_t>(st)]))
+          .push_back(act(st, ActionType::kForward, j));
+  return sc;
+}
+
 PipelineSchedule add_transfers(const PipelineSchedule& in) {
   TORCH_CHECK(!in.has_comms(), "add_transfers: schedule ", in.name, " already has transfers");
   PipelineSchedule out = in;
@@ -528,19 +545,24 @@ void check_structure(const PipelineSchedule& sc, Problems& pr) {
       const int64_t full = count.at(ActionType::kBackward, s, j);
       const int64_t in = count.at(ActionType::kBackwardInput, s, j);
       const int64_t w = count.at(ActionType::kBackwardWeight, s, j);
-      if (!((full == 1 && in == 0 && w == 0) || (full == 0 && in == 1 && w == 1)))
+      const bool none = full == 0 && in == 0 && w == 0;
+      if (sc.forward_only ? !none
+                          : !((full == 1 && in == 0 && w == 0) || (full == 0 && in == 1 && w == 1)))
         pr.add(mb_str(s, j) + ": backward as B " + std::to_string(full) + ", I " +
-               std::to_string(in) + ", W " + std::to_string(w) +
-               " times; expected one B, or one I and one W");
+               std::to_string(in) + ", W " + std::to_string(w) + " times; expected " +
+               (sc.forward_only ? "none (a forward-only schedule)" : "one B, or one I and one W"));
       const bool to_next = s + 1 < S && remote(s, s + 1);
       const bool to_prev = s > 0 && remote(s, s - 1);
       const std::string next = "stage " + std::to_string(s + 1) + " is on another rank";
       const std::string prev = "stage " + std::to_string(s - 1) + " is on another rank";
       const std::string local = "no transfer between stages of one rank or past the ends";
+      const std::string fwd_only = "a forward-only schedule sends no gradient";
       expect(ActionType::kSendF, s, j, to_next, to_next ? next : local);
-      expect(ActionType::kRecvB, s, j, to_next, to_next ? next : local);
+      expect(ActionType::kRecvB, s, j, to_next && !sc.forward_only,
+             sc.forward_only ? fwd_only : to_next ? next : local);
       expect(ActionType::kRecvF, s, j, to_prev, to_prev ? prev : local);
-      expect(ActionType::kSendB, s, j, to_prev, to_prev ? prev : local);
+      expect(ActionType::kSendB, s, j, to_prev && !sc.forward_only,
+             sc.forward_only ? fwd_only : to_prev ? prev : local);
     }
   }
 }

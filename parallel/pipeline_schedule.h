@@ -80,6 +80,8 @@ struct PipelineSchedule {
   int64_t num_microbatches = 0;
   std::vector<int64_t> stage_to_rank;      // by stage index
   std::vector<std::vector<Action>> ranks;  // per rank, in execution order
+  // Forwards only (evaluation): no backward and no gradient transfer is expected.
+  bool forward_only = false;
 
   bool has_comms() const;  // any SEND_* or RECV_* action
 };
@@ -95,6 +97,11 @@ std::vector<int64_t> pipeline_stage_ranks(int64_t pp_degree, int64_t num_stages,
 // stages per rank, micro-batches that are not a multiple of the rounds of an interleaved one.
 PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64_t stages_per_rank,
                                int64_t num_microbatches);
+
+// The forwards alone, for evaluation: each rank runs its stages in order, every micro-batch
+// of a stage before the next stage (GPipe's forward half), `stage_to_rank` as training's.
+PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank,
+                                       int64_t num_ranks, int64_t num_microbatches);
 
 // Lowers a compute-only schedule: a SEND right after each compute whose consumer lives on
 // another rank, the matching RECV right before that consumer. Stages adjacent on one rank

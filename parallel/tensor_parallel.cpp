@@ -219,6 +219,7 @@ void TensorParallelGradSync::reduce_gradients(const std::vector<at::Tensor>& par
   std::vector<at::Tensor> grads;
   for (int64_t i : model_.tp_plan().replicated()) {
     at::Tensor v = model_.params()[i].value;
+    if (v.is_meta()) continue;  // another pipeline stage's
     if (!v.grad().defined()) v.mutable_grad() = at::zeros_like(v);
     grads.push_back(v.grad());
   }

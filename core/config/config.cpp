@@ -663,8 +663,9 @@ void validate_config(const JobConfig& cfg) {
         "checkpoint.enable = true (the seed is written to the checkpoint folder)");
 }
 
-// Pipeline training runs alone for now: the pipeline spans the world, and the features
-// not yet carried through the stages are refused by name (docs/distributed.md).
+// Pipeline training: the pipeline is the outermost dimension (data parallelism inside it),
+// and the features not yet carried through the stages are refused by name
+// (docs/distributed.md).
 static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size) {
   const auto& p = cfg.parallelism;
   const int64_t pp = p.pipeline_parallel_degree;
@@ -679,34 +680,36 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   if (world_size % pp != 0)
     throw UserError(head + " does not divide the world size " + world +
                     "; allowed: a divisor of the world size");
-  const DerivedConfig d = derive_config(cfg, world_size);
-  if (d.dp_shard > 1)
-    throw UserError(head + " with a data-parallel shard degree of " + std::to_string(d.dp_shard) +
-                    " (world " + world + " / pipeline " + n +
-                    "): FSDP of the pipeline stages is not implemented yet; allowed: "
-                    "parallelism.data_parallel_shard_degree = 1 with "
-                    "data_parallel_replicate_degree = " +
-                    std::to_string(world_size / pp) + " (DDP replicas of the pipeline)");
+  // FSDP of the stages keeps a stage's weights gathered through the step (each micro-batch's
+  // forward uses them): resharding after every forward would gather once per micro-batch.
+  if (derive_config(cfg, world_size).dp_shard > 1 && p.fsdp_reshard_after_forward == "always")
+    throw UserError(head + " with parallelism.fsdp_reshard_after_forward = \"always\" and a "
+                    "sharded data-parallel dimension: not implemented (each stage's weights are "
+                    "gathered once per step under pipeline parallelism); allowed: \"default\" "
+                    "or \"never\"");
+  const int64_t mbs = p.pipeline_parallel_microbatch_size;
+  if (cfg.validation.enable && cfg.validation.local_batch_size % mbs != 0)
+    throw UserError("validation.local_batch_size = " +
+                    std::to_string(cfg.validation.local_batch_size) + " with " + head +
+                    " is not a multiple of parallelism.pipeline_parallel_microbatch_size = " +
+                    std::to_string(mbs) + "; allowed: a multiple of it");
   struct Refused {
     bool on;
     const char* key;
   };
   const Refused refused[] = {
-      {p.tensor_parallel_degree > 1, "parallelism.tensor_parallel_degree > 1"},
-      {p.expert_parallel_degree > 1, "parallelism.expert_parallel_degree > 1"},
-      {cfg.compile.enable, "compile.enable = true"},
+      {cfg.compile.enable && p.expert_parallel_degree > 1,
+       "compile.enable = true and parallelism.expert_parallel_degree > 1"},
       {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
       {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
-      {cfg.validation.enable, "validation.enable = true"},
-      {!cfg.model.converters.empty(), "model.converters (float8)"},
   };
   for (const Refused& r : refused)
     if (r.on)
       throw UserError(head + " with " + r.key +
                       ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone or with DDP replicas, or "
-                      "parallelism.pipeline_parallel_degree = 1");
+                      "allowed: pipeline parallelism alone or with data (DDP, FSDP, HSDP), "
+                      "tensor and expert parallelism, or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {

@@ -233,7 +233,7 @@ void parallelism_options(std::vector<Option>& out) {
   s.later("enable_async_tensor_parallel", false, "async tensor parallelism",
           "Async tensor parallelism (overlapped collective matmuls): not supported yet");
   s.add("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree, 1,
-        "Pipeline stages' ranks, the outermost mesh dimension (with DDP replicas only, for now)")
+        "Pipeline stages' ranks, the outermost mesh dimension (data, tensor, expert parallel inside)")
       .range(1.0, kNoMax);
   s.add("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule, "1F1B",
         "Pipeline schedule (any case): GPipe, 1F1B, LoopedBFS, Interleaved1F1B, "

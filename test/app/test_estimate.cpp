@@ -264,6 +264,9 @@ TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes, memory and 
                                  "receives 0 + 8 (1.000 MiB)") &&
                         Contains("16 transfers, 2.000 MiB per step") &&
                         Contains("stage 1 (rank 1)") && Contains("pipeline rank 1, its stages"));
+  // Step time: 1F1B over 2 ranks with 8 micro-batches keeps each rank busy 8 of 9 ticks.
+  CHECK_THAT(r.out, Contains("pipeline rank 0: compute") &&
+                        Contains("x 1.125 for its idle ticks") && Contains("step time: "));
   // Activations (printed to 1e-6 GiB): rank 0 of 1F1B keeps p - 0 = 2 micro-batches of stage 0
   // in flight, GPipe
   // all 8; the last rank one.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -109,18 +110,33 @@ TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
                         Contains("MiB for the whole model (ratio 0.5"));
 }
 
-TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and AC",
+TEST_CASE("pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, accumulation and AC",
           "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
+  // llama4 torchtitan 17Bx128E's composition in small: PP 2 x FSDP 2 x TP 2 with expert TP
+  // 2 (8 ranks); each tp rank sends its sequence shard.
   check_layouts(
       "--model.name llama4 --training.global_batch_size 8 "
       "--activation_checkpoint.mode full",
-      {{2, "--parallelism.pipeline_parallel_schedule 1F1B"}});
+      {{2, "--parallelism.pipeline_parallel_schedule 1F1B"},
+       {8,
+        "--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
+        "--parallelism.expert_tensor_parallel_degree 2 "
+        "--parallelism.pipeline_parallel_schedule 1F1B"},
+       // PP 2 x EP 2 (4 ranks): each stage's experts over its 2 ranks, exchanged by all-to-all.
+       {4, "--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2"}});
+  // Float8 linears (tensorwise): a scale is the amax of one micro-batch's activations, so the
+  // reference accumulates micro-batches of 1 sequence as the pipeline runs them.
+  check_layouts("--model.converters float8 --training.local_batch_size 1 "
+                "--training.global_batch_size 4",
+                {{2, "--training.local_batch_size 4"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
-  // PP 4; and PP 2 x DDP 2 (4 ranks: 2 replicas of a 2-stage pipeline, each its own half
-  // of the global batch of 8, against 1 rank accumulating 2 micro-batches of 4).
+  // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
+  // ranks of a 2-stage
+  // pipeline, each its own half of the global batch of 8, against 1 rank accumulating 2
+  // micro-batches of 4).
   check_layouts("--training.global_batch_size 8",
                 {{4,
                   "--parallelism.pipeline_parallel_schedule 1F1B "
@@ -129,7 +145,21 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4 and PP 2 x DDP 2, with accumulation and
                   "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.data_parallel_replicate_degree 2 "
                   "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
-                      kTwoPerRank}});
+                      kTwoPerRank},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B " +
+                      kTwoPerRank},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.tensor_parallel_degree 2 "
+                  "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
+                      kTwoPerRank},
+                 // HSDP: PP 2 x (2 replicas x 2 shards), 8 ranks.
+                 {8,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.data_parallel_replicate_degree 2 "
+                  "--training.local_batch_size 2"}});
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",
@@ -143,8 +173,13 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
       {"--checkpoint.enable true --checkpoint.last_save_in_hf true",
        "parallelism.pipeline_parallel_degree = 2 with checkpoint.last_save_in_hf = true: not "
        "implemented together with pipeline parallelism yet"},
-      {"--validation.enable true", "with validation.enable = true: not implemented"},
-      {"--compile.enable true", "with compile.enable = true: not implemented"},
+      {"--validation.enable true --validation.local_batch_size 3 "
+       "--parallelism.pipeline_parallel_microbatch_size 2 --training.local_batch_size 4",
+       "validation.local_batch_size = 3 with parallelism.pipeline_parallel_degree = 2 is not a "
+       "multiple of parallelism.pipeline_parallel_microbatch_size = 2"},
+      {"--compile.enable true --parallelism.expert_parallel_degree 2 --model.name llama4",
+       "with compile.enable = true and parallelism.expert_parallel_degree > 1: not "
+       "implemented"},
       {"--parallelism.pipeline_parallel_schedule_csv " + dir.file("dead.csv") +
            " --training.local_batch_size 2",
        "deadlocks"},
@@ -156,13 +191,108 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
     CHECK_THAT(r.out, Contains(c.says));
     CHECK_THAT(r.out, !Contains("step:"));
   }
-  // 4 ranks, PP 2: the other 2 default to FSDP, which the stages do not carry yet.
-  auto fsdp = train(4, "--parallelism.pipeline_parallel_degree 2", dir.file("run"));
+  // 4 ranks, PP 2: the other 2 default to FSDP, whose stages stay gathered through a step.
+  auto fsdp = train(4,
+                    "--parallelism.pipeline_parallel_degree 2 "
+                    "--parallelism.fsdp_reshard_after_forward always",
+                    dir.file("run"));
   INFO(fsdp.out);
   CHECK(fsdp.rc != 0);
-  CHECK_THAT(fsdp.out, Contains("FSDP of the pipeline stages is not implemented yet; allowed: "
-                                "parallelism.data_parallel_shard_degree = 1 with "
-                                "data_parallel_replicate_degree = 2"));
+  CHECK_THAT(fsdp.out, Contains("parallelism.fsdp_reshard_after_forward = \"always\" and a "
+                                "sharded data-parallel dimension: not implemented"));
+}
+
+TEST_CASE("pp: the CPU capture check passes under pipeline parallelism and changes no loss",
+          "[pp][dist][app][compile]") {
+  // compile.enable under PP: the pipeline's phases (schedule, reduction, optimizer over the
+  // stages) run under the capture check, which must find the same op sequence each step, no
+  // host read and fixed-size transfers; in fp32 the losses equal the eager run's to 1e-5
+  // (bit-equal in practice). Then bf16 (the GPU's dtypes) on PP 2 x FSDP 2 and PP 2 x TP 2.
+  const std::string f32 = "--training.mixed_precision_param float32 ";
+  const std::string pp = "--parallelism.pipeline_parallel_degree 2 ";
+  const std::string inter =
+      pp + "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank;
+  test::TempDir eager("pp_cc_eager"), checked("pp_cc");
+  auto e = train(2, f32 + inter, eager.path.string());
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  auto c = train(2, f32 + inter + "--compile.enable true", checked.path.string());
+  INFO(c.out);
+  REQUIRE(c.rc == 0);
+  CHECK_THAT(c.out, Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
+  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
+  // The check can fail under PP: a planted host read of the last stage's loss exits 2.
+  test::TempDir planted("pp_cc_planted");
+  auto bad = test::run("cd " + test::source_dir() + " && TITAN_PLANT_ERROR=host_read " +
+                       test::torchrun() + " --standalone --nproc_per_node 2 --no-python " +
+                       test::binary() + " " + kCommon + inter + "--compile.enable true " +
+                       "--job.dump_folder " + planted.path.string());
+  INFO(bad.out);
+  CHECK(bad.rc != 0);
+  CHECK_THAT(bad.out, Contains("aten::item in output: reads a device value on the host"));
+  for (const std::string& layout :
+       {pp + "--training.global_batch_size 8 --parallelism.pipeline_parallel_schedule GPipe",
+        pp + "--parallelism.tensor_parallel_degree 2 --model.name llama4 "
+             "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
+            kTwoPerRank}) {
+    test::TempDir dir("pp_cc4");
+    auto r = train(4, layout + " --compile.enable true", dir.path.string());
+    INFO(layout << "\n" << r.out);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("ops per step, static") && Contains("in bf16 compute"));
+  }
+}
+
+TEST_CASE("pp: validation runs the stages' forwards and scores as without the pipeline",
+          "[pp][dist][app]") {
+  // Validation reads validation.steps batches per data-parallel rank, so PP 2 (dp 1) is
+  // compared with 1 rank and PP 2 x FSDP 2 (dp 2) with FSDP 2; the loss to 1e-5, the scored
+  // tokens exactly.
+  const std::string v =
+      "--validation.enable true --validation.freq 2 --validation.steps 2 "
+      "--validation.local_batch_size 4 --validation.seq_len 64 --training.global_batch_size 8 ";
+  auto scores = [](const test::TempDir& dir) {
+    std::map<int64_t, std::pair<double, int64_t>> out;
+    std::stringstream ss(test::read_file(dir.file("metrics.jsonl")));
+    for (std::string line; std::getline(ss, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("validation_loss"))
+        out[j["step"].get<int64_t>()] = {j["validation_loss"].get<double>(),
+                                         j["validation_tokens"].get<int64_t>()};
+    }
+    return out;
+  };
+  const std::string pp = "--parallelism.pipeline_parallel_degree 2 ";
+  struct Pair {
+    int ref_ranks;
+    std::string ref_args;
+    int ranks;
+    std::string args;
+  };
+  double worst = 0;
+  for (const Pair& c :
+       {Pair{1, "", 2,
+             pp + "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " + kTwoPerRank},
+        Pair{2, "", 4, pp}}) {
+    test::TempDir ref("pp_val_ref"), got("pp_val");
+    auto r = train(c.ref_ranks, v + c.ref_args, ref.path.string());
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    auto p = train(c.ranks, v + c.args, got.path.string());
+    INFO(p.out);
+    REQUIRE(p.rc == 0);
+    const auto a = scores(ref), b = scores(got);
+    REQUIRE(a.size() == 2);
+    REQUIRE(b.size() == 2);
+    for (auto& [step, x] : a) {
+      CHECK(b.at(step).second == x.second);
+      worst = std::max(worst, std::abs(b.at(step).first - x.first) / x.first);
+    }
+  }
+  WARN("validation under PP 2 vs 1 rank and PP 2 x FSDP 2 vs FSDP 2: max relative loss "
+       "difference "
+       << worst);
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
@@ -204,24 +334,43 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
     std::map<int64_t, Step> expect{{3, c.expect->at(3)}, {4, c.expect->at(4)}};
     worst = std::max(worst, worst_rel(expect, m));
   }
-  // PP 2 x DDP 2 (replica 0 of each stage writes): its step 2 on 1 rank.
-  const std::string ddp = flags + "--training.global_batch_size 8 " + pp +
-                          "2 --parallelism.data_parallel_replicate_degree 2";
-  test::TempDir four("pp_ck4"), back("pp_ck4_1");
-  auto r4 = train(4, ddp, four.path.string());
-  INFO(r4.out);
-  REQUIRE(r4.rc == 0);
-  std::filesystem::create_directories(back.file("checkpoint"));
-  std::filesystem::copy(four.file("checkpoint/step-2"), back.file("checkpoint/step-2"),
-                        std::filesystem::copy_options::recursive);
-  auto r5 = train(1, flags + "--training.global_batch_size 8", back.path.string());
-  INFO(r5.out);
-  REQUIRE(r5.rc == 0);
-  const auto m4 = metrics(four);
-  worst = std::max(worst, worst_rel({{3, m4.at(3)}, {4, m4.at(4)}}, metrics(back)));
+  // 4 ranks, global batch 8: PP 2 x DDP 2 (replica 0 of each stage writes) and PP 2 x FSDP 2
+  // (both shards of each stage write their rows), each resumed on 1 rank; the FSDP one also
+  // on PP 4, and 1 rank's step 2 on PP 2 x FSDP 2.
+  const std::string b8 = flags + "--training.global_batch_size 8 ";
+  const std::string pp2 = b8 + pp + "2", ddp = pp2 + " --parallelism.data_parallel_replicate_degree 2";
+  test::TempDir one8("pp_ck8");
+  auto r8 = train(1, b8, one8.path.string());
+  INFO(r8.out);
+  REQUIRE(r8.rc == 0);
+  const auto m8 = metrics(one8);
+  auto resume = [&](const test::TempDir& from, int nproc, const std::string& args) {
+    test::TempDir to("pp_ck_resume");
+    std::filesystem::create_directories(to.file("checkpoint"));
+    std::filesystem::copy(from.file("checkpoint/step-2"), to.file("checkpoint/step-2"),
+                          std::filesystem::copy_options::recursive);
+    auto r = train(nproc, args, to.path.string());
+    INFO(nproc << " ranks " << args << "\n" << r.out);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("resumed from"));
+    return metrics(to);
+  };
+  for (const std::string& layout : {ddp, pp2}) {
+    test::TempDir four("pp_ck4");
+    auto r4 = train(4, layout, four.path.string());
+    INFO(r4.out);
+    REQUIRE(r4.rc == 0);
+    const auto m4 = metrics(four);
+    worst = std::max(worst, worst_rel(m8, m4));
+    const std::map<int64_t, Step> expect{{3, m4.at(3)}, {4, m4.at(4)}};
+    worst = std::max(worst, worst_rel(expect, resume(four, 1, b8)));
+    if (layout == pp2) worst = std::max(worst, worst_rel(expect, resume(four, 4, b8 + pp + "4")));
+  }
+  worst = std::max(worst, worst_rel({{3, m8.at(3)}, {4, m8.at(4)}}, resume(one8, 4, pp2)));
   WARN(
       "llama4 checkpoints: PP 2 -> 1 rank, PP 2 -> PP 4, 1 rank -> PP 2, PP 2 x DDP 2 -> 1 "
-      "rank: max relative loss / grad norm difference over the resumed steps "
+      "rank, PP 2 x FSDP 2 -> 1 rank and -> PP 4, 1 rank -> PP 2 x FSDP 2: max relative loss "
+      "/ grad norm difference over the resumed steps (and 4-rank runs vs 1 rank) "
       << worst);
   CHECK(worst < 1e-5);
 }

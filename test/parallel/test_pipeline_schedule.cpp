@@ -273,6 +273,35 @@ TEST_CASE("pp: the CSV round-trips", "[pp]") {
     CHECK(parse_action(a, "test").str() == a);
 }
 
+TEST_CASE("pp: the forward-only schedule (validation) passes the check, backwards do not",
+          "[pp]") {
+  // Loop placement with 2 stages per rank, and the V: every forward once, activations sent
+  // down the stages, no gradient transfer, no deadlock.
+  for (bool v : {false, true}) {
+    const auto where = pipeline_stage_ranks(4, 8, v);
+    const PipelineSchedule fwd = make_forward_schedule(where, 4, 3);
+    INFO((v ? "V" : "loop"));
+    ScheduleTimeline t;
+    REQUIRE_NOTHROW(t = check_schedule(fwd));
+    CHECK(t.makespan > 0);
+    const PipelineSchedule lowered = add_transfers(fwd);
+    int64_t sends = 0;
+    for (const auto& r : lowered.ranks)
+      for (const Action& a : r) {
+        CHECK(a.type != ActionType::kSendB);
+        CHECK(a.type != ActionType::kRecvB);
+        sends += a.type == ActionType::kSendF;
+      }
+    // Every stage boundary between ranks, for each of the 3 micro-batches (the V's turn is
+    // local).
+    CHECK(sends == 3 * (v ? 6 : 7));
+    auto with_b = fwd;
+    with_b.ranks[0].push_back(Action{0, ActionType::kBackward, 0});
+    CHECK_THAT(what_of([&] { check_schedule(with_b); }),
+               Contains("expected none (a forward-only schedule)"));
+  }
+}
+
 TEST_CASE("pp: a corrupted schedule is caught", "[pp]") {
   const auto good = add_transfers(make_schedule("1F1B", 4, 1, 8));
   REQUIRE_NOTHROW(check_schedule(good));

@@ -471,13 +471,21 @@ TEST_CASE(
                            Contains("is not implemented yet") || Contains("is not allowed")));
     CHECK_THAT(r.out, !Contains("enable_fsdp_float8_all_gather"));
   }
-  // 17Bx128E gets past the pipeline keys: --dump-config loads it, training refuses PP (issue
-  // 29) and --dump-schedule plans it (its local_batch_size 1 is 1 micro-batch, too few for
-  // 1F1B over 4 stages, as in PyTorch; 4 sequences are enough).
+  // 17Bx128E gets past the pipeline keys: --dump-config loads it, its layout (PP 4 x FSDP 8
+  // x TP 8 with expert TP 8) passes the checks of a 256-rank world, estimate plans it there,
+  // and --dump-schedule plans it (its local_batch_size 1 is 1 micro-batch, too few for 1F1B
+  // over 4 stages, as in PyTorch; 4 sequences are enough).
   const std::string maverick = "--config " + dir + "llama4_17bx128e.toml";
   auto dump = titan_run(maverick + " --dump-config");
   CHECK(dump.rc == 0);
   CHECK_THAT(dump.out, Contains("pipeline_parallel_degree = 4"));
+  auto mav = parse({"--config", dir + "llama4_17bx128e.toml", "--training.local_batch_size", "4"});
+  CHECK_NOTHROW(validate_for_world(mav.cfg, 256));
+  auto est = titan_run("estimate " + maverick + " --world 256 --training.local_batch_size 4");
+  INFO(est.out);
+  CHECK(est.rc == 0);
+  CHECK_THAT(est.out, Contains("plan: pp 4 x dp_replicate 1 x dp_shard 8 x tp 8; 1F1B") &&
+                          Contains("stage 3, gathered weights") && Contains("step time: "));
   auto few = titan_run(maverick + " --dump-schedule");
   INFO(few.out);
   CHECK(few.rc == 2);
