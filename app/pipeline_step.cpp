@@ -51,6 +51,24 @@ at::Tensor PipelineTraining::eval_loss_sum(const MicroBatch& batch) {
   return eval_runner_->run(pieces, /*global_tokens=*/1.0, /*aux_div=*/1.0);
 }
 
+int64_t PipelineTraining::rank_of_param(int64_t i) const {
+  const std::vector<ParamUnit> units = model_.param_units();
+  for (const PipelineStageSpec& spec : plan_.stages.stages)
+    for (int64_t u = spec.first_unit(); u < spec.end_unit(); ++u)
+      for (int64_t k : units[static_cast<size_t>(u)].params)
+        if (k == i) return spec.rank;
+  TORCH_CHECK(false, "PipelineTraining: parameter ", i, " is in no stage");
+}
+
+int64_t PipelineTraining::rank_of_buffer(const std::string& name) const {
+  const std::string prefix = "layers.";
+  if (name.rfind(prefix, 0) != 0) return 0;
+  const int64_t l = std::atoll(name.c_str() + prefix.size());
+  for (const PipelineStageSpec& spec : plan_.stages.stages)
+    if (l >= spec.first_layer && l < spec.end_layer) return spec.rank;
+  return 0;
+}
+
 bool PipelineTraining::holds_layer(int64_t l) const {
   for (int64_t s : runner_->stages()) {
     const PipelineStageSpec& spec = plan_.stages.stages[static_cast<size_t>(s)];

@@ -64,6 +64,10 @@ class PipelineTraining : public StepPhases {
   // nothing ran). The measure means something on the CPU only (synchronous kernels).
   double scheduled_bubble() const;
   double take_measured_bubble();
+  // The pipeline rank whose stages hold model parameter i, and buffer `name` (a layer's
+  // buffers live with the layer, the others on rank 0, as holds_buffer says).
+  int64_t rank_of_param(int64_t i) const;
+  int64_t rank_of_buffer(const std::string& name) const;
   // Whether transformer layer l is in one of this rank's stages.
   bool holds_layer(int64_t l) const;
   // Whether a model buffer ("layers.<l>.moe.expert_bias") belongs to this rank's stages: those

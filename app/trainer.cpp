@@ -250,7 +250,7 @@ void Trainer::setup_model() {
              "the ops between them recomputed)");
   if (cc.initial_load_in_hf || cc.last_save_in_hf)  // validate_config: both can act
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
-  if (hf_init_ && !fsdp_ && tp_ == 1) load_hf_init();
+  if (hf_init_ && !fsdp_ && tp_ == 1 && pp_ == 1) load_hf_init();
 }
 
 // model.converters = ["float8"]: the model's linears (not the output, embedding or router)
@@ -339,7 +339,13 @@ void Trainer::apply_tp() {
   // experts are cut along their hidden size as well (docs/distributed.md).
   const int64_t etp = cfg_.parallelism.expert_tensor_parallel_degree;
   const bool split_experts = etp > 1 && model_->num_experts() > 0;
-  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts);
+  const bool async = cfg_.parallelism.enable_async_tensor_parallel;
+  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts, async);
+  if (async)
+    log_info(
+        "=> async tensor parallel: the all-gathers before the column-parallel GEMMs and "
+        "the reduce-scatters after the row-parallel ones run in chunks of the sequence, "
+        "each overlapping another chunk's GEMM (forward and backward)");
   if (split_experts) {
     int64_t mine = 0, whole = 0;
     const TpPlan& plan = model_->tp_plan();
@@ -414,7 +420,7 @@ void Trainer::parallelize_pipeline() {
       fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
     }
     sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
-    model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
+    if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
   } else if (mesh_->dp_degree() > 1) {
     // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
@@ -429,6 +435,8 @@ void Trainer::parallelize_pipeline() {
     tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
     grad_sync_ = tp_sync_.get();
   }
+  // Each rank reads its stages' tensors (its rows of them under FSDP) from the folder.
+  if (hf_init_) load_hf_init();
   if (mesh_->world->size() > 1)
     model_->set_dp_allreduce([g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
 }
@@ -1007,10 +1015,10 @@ void Trainer::finish() {
 
 void Trainer::export_hf() {
   const std::string dir = ckpt_->root() + "/step-" + std::to_string(state_.step) + "-hf";
-  // Under FSDP the whole model is gathered (a collective) into an unsharded CPU copy on
-  // rank 0, which exports it; buffers (MoE expert biases) are replicated already.
+  // Under FSDP or PP the whole model is assembled (collectives) into an unsharded CPU copy
+  // on rank 0, which exports it.
   std::unique_ptr<Model> whole;
-  if (sharded_) {
+  if (sharded_ || pipeline_) {
     if (launch_.rank == 0) {
       // A CPU copy for export only: the experts backend is irrelevant there, and grouped_mm
       // (chosen for the GPU) cannot be built on the CPU.
@@ -1018,21 +1026,40 @@ void Trainer::export_hf() {
       ecfg.moe.experts_backend = "loop";
       whole = build_model(ecfg, at::kCPU);
     }
-    at::NoGradGuard ng;
-    for (int64_t i = 0; i < model_->params().size(); ++i) {
-      at::Tensor full = sharded_->full_param(i);
-      if (whole) whole->params().all()[static_cast<size_t>(i)].value.copy_(full);
-    }
-    if (whole) {
-      auto src = model_->buffers(), dst = whole->buffers();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
-    }
+    gather_whole_model(whole.get());
   }
   if (launch_.rank == 0) {
     HfExportOptions o;
     o.dtype = hf_export_dtype(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
     if (!std::filesystem::exists(dir)) export_model_hf(whole ? *whole : *model_, dir, o);
     log_info("checkpoint: Hugging Face weights (" + cfg_.checkpoint.export_dtype + ") in " + dir);
+  }
+}
+
+// Every parameter whole: FSDP gathers a stage's shards over its shard group (every rank of
+// the stage takes part); under PP the pipeline group of rank 0 then broadcasts each tensor
+// from the pipeline rank that holds it. `whole` (rank 0 only) receives them and the buffers.
+void Trainer::gather_whole_model(Model* whole) {
+  at::NoGradGuard ng;
+  const bool carrier = !pipeline_ || stage_pg_->rank() == 0;  // rank 0's pipeline group
+  auto& all = model_->params().all();
+  for (int64_t i = 0; i < model_->params().size(); ++i) {
+    const Param& p = all[static_cast<size_t>(i)];
+    const bool mine = !p.value.is_meta();
+    at::Tensor full;
+    if (mine) full = sharded_ ? sharded_->full_param(i) : p.value.detach();
+    if (pipeline_ && carrier) {
+      if (!mine) full = at::empty(p.full_shape(), at::TensorOptions().device(device_));
+      full = full.to(at::kFloat).contiguous();
+      pipe_pg_->broadcast(full, pipeline_->rank_of_param(i));
+    }
+    if (whole) whole->params().all()[static_cast<size_t>(i)].value.copy_(full);
+  }
+  auto src = model_->buffers();
+  for (size_t i = 0; i < src.size(); ++i) {
+    at::Tensor t = src[i].second.detach().clone();
+    if (pipeline_ && carrier) pipe_pg_->broadcast(t, pipeline_->rank_of_buffer(src[i].first));
+    if (whole) whole->buffers()[i].second.copy_(t);
   }
 }
 

@@ -51,6 +51,7 @@ class Trainer {
   void setup_model();
   void parallelize();
   void parallelize_pipeline();
+  void gather_whole_model(Model* whole);
   void apply_tp();
   void log_comm_per_step(const std::map<std::string, ProcessGroup::CommCount>& before,
                          int64_t steps) const;

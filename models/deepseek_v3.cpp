@@ -186,24 +186,26 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   const int64_t nope = a.qk_nope_head_dim, rope = a.qk_rope_head_dim;
   size_t k = 0;
   auto attention = std::make_unique<ModuleScope>("attention");  // ends after the output projection
-  // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
-  at::Tensor h = seq_gather(rms_norm(x, w[k++], a.norm_eps));
-  const int64_t T = h.size(1);  // under context parallelism this rank's T/cp tokens
+  // The sequence-parallel boundaries (identities on one rank), fused with the GEMMs beside
+  // them: the gathered normed input feeds the query projection (wq, or wq_a) and wkv_a.
+  at::Tensor xn = rms_norm(x, w[k++], a.norm_eps);
+  const size_t iq = k, ikv = a.q_lora_rank == 0 ? k + 1 : k + 3;
+  std::vector<at::Tensor> g = seq_gather_project(xn, {w[iq], w[ikv]});
+  const int64_t T = g[0].size(1);  // under context parallelism this rank's T/cp tokens
   const RopeTables rt = rope_rows(rope_, context_parallel(), T);
   // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
-  at::Tensor q;
-  if (a.q_lora_rank == 0) {
-    q = project(h, w[k++]);
-  } else {
-    at::Tensor qa = project(h, w[k++]);
-    at::Tensor qn = rms_norm(qa, w[k++], a.norm_eps);
+  at::Tensor q = g[0];
+  ++k;
+  if (a.q_lora_rank != 0) {
+    at::Tensor qn = rms_norm(q, w[k++], a.norm_eps);
     q = project(qn, w[k++]);
   }
   const int64_t H = q.size(-1) / (nope + rope);  // this tp rank's heads (all on one rank)
   q = q.view({B, T, H, nope + rope});
   q = at::cat({q.slice(-1, 0, nope), apply_rope(q.slice(-1, nope), rt)}, -1);
   // Keys and values from the compressed latent (B, T, kv_lora_rank) plus one shared rope key.
-  at::Tensor kv = project(h, w[k++]);  // (B, T, kv_lora_rank + rope)
+  at::Tensor kv = g[1];  // (B, T, kv_lora_rank + rope)
+  ++k;
   at::Tensor k_pe = apply_rope(kv.slice(-1, a.kv_lora_rank).unsqueeze(2), rt);  // (B,T,1,rope)
   at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
   at::Tensor kvb = project(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
@@ -211,14 +213,14 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
   // Context parallel: key and v gathered over the cp ranks inside (B, T, H * v_head_dim).
   at::Tensor attn = causal_attention(q, key, v, softmax_scale_, context_parallel());
-  at::Tensor y = x + seq_reduce(project(attn, w[k++]));
+  at::Tensor y = x + seq_project_reduce(attn, w[k++]);
   attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);
   if (MoELayer* m = moe_layer(layer))  // on this rank's sequence shard
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + static_cast<int64_t>(k), w.end()),
                           moe_mode(layer));
   ModuleScope scope("feed_forward");
-  return y + seq_reduce(swiglu(seq_gather(z), w[k], w[k + 1], w[k + 2]));
+  return y + seq_swiglu(z, w[k], w[k + 1], w[k + 2]);
 }
 
 // MLA split by heads: the query projection (wq, or wq_b after the replicated wq_a and

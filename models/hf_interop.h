@@ -86,7 +86,9 @@ using HfImportTargets = std::vector<HfImportTarget>;
 
 // Whole tensors (row_offset 0, full_shape = their shape).
 HfImportTargets hf_targets(const NamedTensors& tensors);
-// Every parameter's valid rows (p.valid(p.value)) at its dim0_offset, with full_shape().
+// Every parameter's valid rows (p.valid(p.value)) at its dim0_offset, with full_shape(). A
+// parameter left on the meta device (another pipeline stage's) is checked against the folder
+// by import_hf but not read.
 HfImportTargets hf_targets(const ParamStore& params);
 
 // What an import read: the bytes of tensor data it read from the files (only the rows its

@@ -84,23 +84,30 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
                          int64_t n_kv_heads, const RopeTables& rope_all,
                          const ContextParallel* cp) {
   ModuleScope scope("attention");
-  const int64_t B = h.size(0), T = h.size(1);
-  // The head dim is the RoPE table's; the head counts are the weights' rows, so a tensor-
-  // parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.
+  at::Tensor attn = gqa_attention_core(project(h, wq), project(h, wk), project(h, wv), n_heads,
+                                       n_kv_heads, rope_all, cp);
+  return project(attn, wo);
+}
+
+at::Tensor gqa_attention_core(const at::Tensor& q_flat, const at::Tensor& k_flat,
+                              const at::Tensor& v_flat, int64_t n_heads, int64_t n_kv_heads,
+                              const RopeTables& rope_all, const ContextParallel* cp) {
+  const int64_t B = q_flat.size(0), T = q_flat.size(1);
+  // The head dim is the RoPE table's; the head counts are the projections' widths, so a
+  // tensor-parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.
   const int64_t hd = 2 * rope_all.cos.size(1);
   const RopeTables rope = rope_rows(rope_all, cp, T);
-  const int64_t heads = wq.size(0) / hd, kv_heads = wk.size(0) / hd;
-  TORCH_CHECK(heads * hd == wq.size(0) && n_heads % heads == 0 && kv_heads > 0 &&
+  const int64_t heads = q_flat.size(2) / hd, kv_heads = k_flat.size(2) / hd;
+  TORCH_CHECK(heads * hd == q_flat.size(2) && n_heads % heads == 0 && kv_heads > 0 &&
                   n_kv_heads % kv_heads == 0 && heads % kv_heads == 0,
-              "gqa_attention: wq ", wq.sizes(), " / wk ", wk.sizes(), " do not hold whole heads of ",
-              hd);
-  at::Tensor q = project(h, wq).view({B, T, heads, hd});
-  at::Tensor k = project(h, wk).view({B, T, kv_heads, hd});
-  at::Tensor v = project(h, wv).view({B, T, kv_heads, hd});
+              "gqa_attention: q ", q_flat.sizes(), " / k ", k_flat.sizes(),
+              " do not hold whole heads of ", hd);
+  at::Tensor q = q_flat.view({B, T, heads, hd});
+  at::Tensor k = k_flat.view({B, T, kv_heads, hd});
+  at::Tensor v = v_flat.view({B, T, kv_heads, hd});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
-  at::Tensor attn = causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), cp);
-  return project(attn, wo);
+  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), cp);
 }
 
 }  // namespace titan

@@ -54,4 +54,11 @@ at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Te
                          int64_t n_kv_heads, const RopeTables& rope,
                          const ContextParallel* cp = nullptr);
 
+// gqa_attention between the projections: q_flat (B, T, H * hd), k_flat and v_flat
+// (B, T, Hkv * hd), the q/k/v projections' results -> (B, T, H * hd), wo's input. A
+// sequence-parallel block projects and gathers itself (Model::seq_gather_project).
+at::Tensor gqa_attention_core(const at::Tensor& q_flat, const at::Tensor& k_flat,
+                              const at::Tensor& v_flat, int64_t n_heads, int64_t n_kv_heads,
+                              const RopeTables& rope, const ContextParallel* cp = nullptr);
+
 }  // namespace titan

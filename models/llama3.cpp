@@ -57,8 +57,13 @@ at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::T
                                     const RopeTables& rope, const Model* sp) {
   at::Tensor h = rms_norm(x, w[0], norm_eps);
   if (sp == nullptr) return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
-  return x + sp->seq_reduce(gqa_attention(sp->seq_gather(h), w[1], w[2], w[3], w[4], n_heads,
-                                          n_kv_heads, rope, sp->context_parallel()));
+  ModuleScope scope("attention");
+  // The all-gather fused with the q/k/v GEMMs and wo's GEMM with the reduce-scatter
+  // (Model::seq_gather_project; async tensor parallelism overlaps them).
+  std::vector<at::Tensor> qkv = sp->seq_gather_project(h, {w[1], w[2], w[3]});
+  return x + sp->seq_project_reduce(gqa_attention_core(qkv[0], qkv[1], qkv[2], n_heads, n_kv_heads,
+                                                       rope, sp->context_parallel()),
+                                    w[4]);
 }
 
 namespace {
@@ -139,7 +144,7 @@ at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) 
   at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
                                           rope_, this);
   ModuleScope scope("feed_forward");
-  return y + seq_reduce(swiglu(seq_gather(rms_norm(y, w[5], args_.norm_eps)), w[6], w[7], w[8]));
+  return y + seq_swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
 }
 
 // Megatron's split: q/k/v and w1/w3 by output rows (whole heads, hidden units), wo and w2 by

@@ -122,7 +122,7 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));
   ModuleScope scope("feed_forward");
-  return y + seq_reduce(swiglu(seq_gather(z), w[6], w[7], w[8]));
+  return y + seq_swiglu(z, w[6], w[7], w[8]);
 }
 
 // As llama3's plan for attention, dense feed-forward layers and the vocabulary. The MoE

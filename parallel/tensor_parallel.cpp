@@ -2,9 +2,13 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <functional>
 #include <sstream>
 
 #include "core/base/errors.h"
+#include "core/train/float8_linears.h"
+#include "core/train/recompute.h"
 
 namespace titan {
 
@@ -81,6 +85,7 @@ struct SeqCollective : public torch::autograd::Function<SeqCollective> {
 class C10dTensorParallel : public TensorParallelComm {
  public:
   explicit C10dTensorParallel(ProcessGroup& g) : g_(g) {}
+  int64_t group_id() const { return reinterpret_cast<int64_t>(&g_); }
   int64_t size() const override { return g_.size(); }
   int64_t rank() const override { return g_.rank(); }
   at::Tensor gather_seq(const at::Tensor& x) override {
@@ -107,6 +112,186 @@ class C10dTensorParallel : public TensorParallelComm {
 
  private:
   ProcessGroup& g_;
+};
+
+// ---- async tensor parallelism -----------------------------------------------------------
+// Each rank's sequence shard (B, T/tp, ...) is cut into c chunks of L rows; chunk j of the
+// whole sequence is chunk j of every rank's shard, (tp, B, L, ...). Its collective is issued
+// before the previous chunk's GEMM runs and waited just before its own, so the transfer
+// overlaps compute (NCCL: on NCCL's stream, ordered by events, capturable; gloo: in the
+// backend's worker thread). Same math as plain TP: only the GEMMs' row blocks and, in the
+// backward of the gather, the order in which the q/k/v (w1/w3) input gradients are summed
+// differ (docs/distributed.md, "Async tensor parallel").
+
+// Chunks per shard. 2 measured no worse than 4 on gloo (each chunk's collective pays the
+// latency again; docs/distributed.md); at most (c - 1) / c of a collective can be hidden.
+constexpr int64_t kMaxChunks = 2;
+
+// The largest divisor of a shard's rows up to kMaxChunks.
+int64_t chunk_count(int64_t rows) {
+  for (int64_t c = std::min(kMaxChunks, rows); c > 1; --c)
+    if (rows % c == 0) return c;
+  return 1;
+}
+
+// Chunk j of every rank's block of x (B, T, F), T = n * c * L -> (n, B, L, F), contiguous.
+at::Tensor chunk_rows(const at::Tensor& x, int64_t n, int64_t c, int64_t j) {
+  const int64_t B = x.size(0), F = x.size(2), L = x.size(1) / (n * c);
+  return x.reshape({B, n, c, L, F}).select(2, j).permute({1, 0, 2, 3}).contiguous();
+}
+
+// The chunks back in sequence order: (c, n, B, L, F) -> (B, T, F).
+at::Tensor unchunk(const at::Tensor& s) {
+  const int64_t c = s.size(0), n = s.size(1), B = s.size(2), L = s.size(3), F = s.size(4);
+  return s.permute({2, 1, 0, 3, 4}).reshape({B, n * c * L, F});
+}
+
+// All-gathers x's chunks (B, T/tp, D) into `buf` (c, n, B, L, D), chunk j+1's issued before
+// `use(j)` runs on chunk j. The chunk inputs stay alive until their waits.
+void gathered_chunks(ProcessGroup& pg, const at::Tensor& x, at::Tensor& buf,
+                     const std::function<void(int64_t)>& use) {
+  const int64_t c = buf.size(0), L = buf.size(3);
+  std::vector<at::Tensor> in(static_cast<size_t>(c));
+  std::vector<CommWork> works(static_cast<size_t>(c));
+  auto start = [&](int64_t j) {
+    in[j] = x.narrow(1, j * L, L).contiguous();
+    at::Tensor out = buf.select(0, j);  // contiguous: rank r's (B, L, D) at block r
+    works[j] = pg.all_gather_start(out, in[j]);
+  };
+  start(0);
+  for (int64_t j = 0; j < c; ++j) {
+    if (j + 1 < c) start(j + 1);
+    works[j].wait();
+    use(j);
+  }
+}
+
+// Reduce-scatters `part(j)` (n, B, L, D), chunk j's partial sums, each started as soon as it
+// is computed, into this rank's (B, T/tp, D); `between` runs before the waits.
+at::Tensor reduce_scattered_chunks(ProcessGroup& pg, int64_t c,
+                                   const std::function<at::Tensor(int64_t)>& part,
+                                   const std::function<void()>& between) {
+  std::vector<at::Tensor> in(static_cast<size_t>(c)), out(static_cast<size_t>(c));
+  std::vector<CommWork> works(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    in[j] = part(j);
+    out[j] = at::empty({in[j].size(1), in[j].size(2), in[j].size(3)}, in[j].options());
+    works[j] = pg.reduce_scatter_start(out[j], in[j]);
+  }
+  if (between) between();
+  for (auto& w : works) w.wait();
+  return at::cat(out, 1);
+}
+
+// project(gather_seq(x), w_i) for up to three weights, chunked; backward: the input
+// gradient's chunks reduce-scattered as they are computed, the weight GEMMs while the last
+// ones run.
+struct AsyncGatherProject : public torch::autograd::Function<AsyncGatherProject> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w0,
+                               const at::Tensor& w1, const at::Tensor& w2, int64_t group) {
+    at::NoGradGuard ng;
+    auto& pg = *reinterpret_cast<ProcessGroup*>(group);
+    const int64_t n = pg.size(), B = x.size(0), D = x.size(2);
+    const int64_t c = chunk_count(x.size(1)), L = x.size(1) / c;
+    std::vector<at::Tensor> ws;
+    for (const at::Tensor& w : {w0, w1, w2})
+      if (w.numel() > 0) ws.push_back(w);                      // an empty one stands for no weight
+    at::Tensor buf = at::empty({c, n, B, L, D}, x.options());  // the gathered input
+    std::vector<std::vector<at::Tensor>> ys(ws.size());
+    gathered_chunks(pg, x, buf, [&](int64_t j) {
+      for (size_t i = 0; i < ws.size(); ++i) ys[i].push_back(at::linear(buf.select(0, j), ws[i]));
+    });
+    variable_list out;
+    for (auto& y : ys) out.push_back(unchunk(at::stack(y)));  // (B, T, O_i)
+    ctx->save_for_backward({buf, w0, w1, w2});
+    ctx->saved_data["group"] = group;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list gy) {
+    auto& pg = *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& buf = saved[0];
+    const int64_t c = buf.size(0), n = buf.size(1), D = buf.size(4);
+    std::vector<int64_t> live;  // the outputs that received a gradient
+    for (size_t i = 0; i < gy.size(); ++i)
+      if (gy[i].defined()) live.push_back(static_cast<int64_t>(i));
+    variable_list grads(5);
+    auto part = [&](int64_t j) {
+      at::Tensor sum;
+      for (int64_t i : live) {
+        at::Tensor g = at::matmul(chunk_rows(gy[i], n, c, j), saved[1 + i]);  // (n, B, L, D)
+        sum = sum.defined() ? sum.add_(g) : g;
+      }
+      return sum.defined() ? sum : at::zeros({n, buf.size(2), buf.size(3), D}, buf.options());
+    };
+    auto weight_grads = [&] {
+      const at::Tensor xs = unchunk(buf).reshape({-1, D});  // (B * T, D)
+      for (int64_t i : live) grads[1 + i] = gy[i].reshape({-1, gy[i].size(2)}).t().mm(xs);
+    };
+    grads[0] = reduce_scattered_chunks(pg, c, part, weight_grads);
+    return grads;
+  }
+};
+
+// reduce_scatter_seq(project(x, w)), chunked; backward: the output gradient's chunks
+// all-gathered one ahead of the input-gradient GEMMs.
+struct AsyncProjectReduce : public torch::autograd::Function<AsyncProjectReduce> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            int64_t group) {
+    at::NoGradGuard ng;
+    auto& pg = *reinterpret_cast<ProcessGroup*>(group);
+    const int64_t n = pg.size();
+    TORCH_CHECK(x.dim() == 3 && x.size(1) % n == 0, "sequence length ", x.size(1),
+                " does not split over ", n, " tensor-parallel ranks");
+    const int64_t c = chunk_count(x.size(1) / n);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["group"] = group;
+    return reduce_scattered_chunks(
+        pg, c, [&](int64_t j) { return at::linear(chunk_rows(x, n, c, j), w); }, nullptr);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    auto& pg = *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor& go = g[0];  // (B, T/tp, D)
+    const int64_t n = pg.size(), B = go.size(0), D = go.size(2);
+    const int64_t c = chunk_count(go.size(1)), L = go.size(1) / c;
+    at::Tensor buf = at::empty({c, n, B, L, D}, go.options());  // the gathered gradient
+    std::vector<at::Tensor> gx;
+    gathered_chunks(pg, go, buf, [&](int64_t j) { gx.push_back(at::matmul(buf.select(0, j), w)); });
+    at::Tensor gw = unchunk(buf).reshape({-1, D}).t().mm(x.reshape({-1, x.size(2)}));
+    return {unchunk(at::stack(gx)), gw, at::Tensor()};
+  }
+};
+
+// Plain TP's collectives, with the GEMM-fused boundaries chunked and overlapped. Falls back to
+// plain TP's composition where the chunked ops do not apply: float8 weights (their GEMMs
+// are float8_linear's), op-level checkpointing (its tape replays project()), the meta
+// device, or a shard of one row.
+class AsyncTensorParallel : public C10dTensorParallel {
+ public:
+  using C10dTensorParallel::C10dTensorParallel;
+  std::vector<at::Tensor> gather_seq_project(const at::Tensor& x,
+                                             const std::vector<at::Tensor>& ws) override {
+    if (!chunkable(x, ws) || ws.empty() || ws.size() > 3)
+      return TensorParallelComm::gather_seq_project(x, ws);
+    // Absent weights as empty tensors: autograd records every tensor input's device.
+    auto w = [&](size_t i) { return i < ws.size() ? ws[i] : at::empty({0}, x.options()); };
+    return AsyncGatherProject::apply(x, w(0), w(1), w(2), group_id());
+  }
+  at::Tensor project_reduce_scatter_seq(const at::Tensor& x, const at::Tensor& w) override {
+    if (!chunkable(x, {w}) || x.size(1) % size() != 0)
+      return TensorParallelComm::project_reduce_scatter_seq(x, w);
+    return AsyncProjectReduce::apply(x, w, group_id());
+  }
+
+ private:
+  static bool chunkable(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
+    if (x.dim() != 3 || x.is_meta() || x.size(1) < 2 || op_tape_active()) return false;
+    for (const at::Tensor& w : ws)
+      if (float8_options_of(w)) return false;
+    return true;
+  }
 };
 
 }  // namespace
@@ -151,10 +336,10 @@ void check_tp_plan(const Model& model, int64_t tp) {
                       "; allowed: a divisor of " + std::to_string(n));
 }
 
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts) {
+void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts, bool async) {
   split_for_tensor_parallel(model, tp_group.size(), tp_group.rank(), split_experts);
   if (tp_group.size() == 1) return;
-  auto comm = make_tp_comm(tp_group);
+  auto comm = make_tp_comm(tp_group, async);
   model.set_tensor_parallel(comm);
   if (model.tp_plan().split_experts) model.set_expert_tensor_parallel(comm);
 }
@@ -188,7 +373,8 @@ void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r, bool split_e
   }
 }
 
-std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group) {
+std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group, bool async) {
+  if (async) return std::make_shared<AsyncTensorParallel>(group);
   return std::make_shared<C10dTensorParallel>(group);
 }
 

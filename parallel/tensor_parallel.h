@@ -29,14 +29,20 @@ void check_tp_plan(const Model& model, int64_t tp);
 // parallelism, etp = tp): the routed experts are cut along their hidden size too and the
 // MoE layers run the whole sequence through their slices (Model::set_expert_tensor_parallel);
 // otherwise they stay whole and replicated.
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts = false);
+// `async` (parallelism.enable_async_tensor_parallel): the all-gather before the column-
+// parallel GEMMs and the reduce-scatter after the row-parallel ones run in chunks, each
+// chunk's collective overlapping another chunk's GEMM, forward and backward; same math.
+void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts = false,
+                           bool async = false);
 
 // The cut alone (no collectives installed): rank r's slices of a tp-way split, after the
 // same checks. titan-train estimate sizes a rank with it.
 void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r, bool split_experts = false);
 
 // The collectives at the sequence-parallel boundaries over `group` (exposed for tests).
-std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group);
+// `async`: the GEMM-fused boundaries (gather_seq_project, project_reduce_scatter_seq)
+// chunked and overlapped; the plain collectives are the same.
+std::shared_ptr<TensorParallelComm> make_tp_comm(ProcessGroup& group, bool async = false);
 
 // Wraps the data-parallel GradSync (or none): after it, sums the replicated parameters'
 // gradients over the tp ranks; the squared norm counts the split parameters of every tp

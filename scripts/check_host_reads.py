@@ -39,6 +39,7 @@ HOT_PATH = [
     "parallel/ddp.*", "parallel/fsdp.*", "parallel/flat_grad_allreduce.*",
     "parallel/expert_parallel.*", "parallel/process_group.*",
     "core/train/context_parallel.*", "parallel/context_parallel.*",
+    "parallel/tensor_parallel.*", "core/train/tensor_parallel.h",
 ]
 # In a hot-path folder but outside the step.
 NOT_HOT = {

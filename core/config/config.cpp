@@ -456,6 +456,12 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
 static void validate_tensor_parallel(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   const int64_t tp = p.tensor_parallel_degree;
+  // torchtitan ignores the key without tp; here no key is silently ignored.
+  if (p.enable_async_tensor_parallel && tp == 1)
+    throw UserError(
+        "parallelism.enable_async_tensor_parallel = true with tensor_parallel_degree = 1 is "
+        "not allowed: there are no tensor-parallel collectives to overlap; allowed: false, or "
+        "tensor_parallel_degree > 1");
   if (p.expert_tensor_parallel_degree != 1 && p.expert_tensor_parallel_degree != tp)
     throw UserError("parallelism.expert_tensor_parallel_degree = " +
                     std::to_string(p.expert_tensor_parallel_degree) +
@@ -700,8 +706,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   const Refused refused[] = {
       {cfg.compile.enable && p.expert_parallel_degree > 1,
        "compile.enable = true and parallelism.expert_parallel_degree > 1"},
-      {cfg.checkpoint.initial_load_in_hf, "checkpoint.initial_load_in_hf = true"},
-      {cfg.checkpoint.last_save_in_hf, "checkpoint.last_save_in_hf = true"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
   };
   for (const Refused& r : refused)

@@ -73,6 +73,7 @@ struct ParallelismSection {
   int64_t data_parallel_shard_degree = -1;
   std::string fsdp_reshard_after_forward;
   int64_t tensor_parallel_degree = 1;
+  bool enable_async_tensor_parallel = false;  // chunked, overlapped TP collectives
   int64_t pipeline_parallel_degree = 1;
   std::string pipeline_parallel_schedule;
   std::string pipeline_parallel_schedule_csv;

@@ -230,8 +230,9 @@ void parallelism_options(std::vector<Option>& out) {
   s.add("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree, 1,
         "Tensor (and sequence) parallel degree: the innermost mesh dimension, inside a node")
       .range(1.0, kNoMax);
-  s.later("enable_async_tensor_parallel", false, "async tensor parallelism",
-          "Async tensor parallelism (overlapped collective matmuls): not supported yet");
+  s.add("enable_async_tensor_parallel", &ParallelismSection::enable_async_tensor_parallel, false,
+        "Async tensor parallelism: TP's all-gathers and reduce-scatters run in chunks that "
+        "overlap the GEMMs beside them (needs tensor_parallel_degree > 1)");
   s.add("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree, 1,
         "Pipeline stages' ranks, the outermost mesh dimension (data, tensor, expert parallel inside)")
       .range(1.0, kNoMax);

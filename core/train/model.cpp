@@ -10,6 +10,7 @@
 #include "core/train/float8_linears.h"
 #include "core/train/functional.h"
 #include "core/kernels/fused_loss.h"
+#include "core/kernels/ops.h"
 
 namespace titan {
 
@@ -247,6 +248,39 @@ at::Tensor Model::embed(const at::Tensor& table, const at::Tensor& tokens) const
   at::Tensor outside = local.lt(0).bitwise_or_(local.ge(rows));
   at::Tensor h = at::embedding(table, local.masked_fill(outside, 0));
   return seq_reduce(h.masked_fill(outside.unsqueeze(-1), 0));
+}
+
+std::vector<at::Tensor> TensorParallelComm::gather_seq_project(const at::Tensor& x,
+                                                               const std::vector<at::Tensor>& ws) {
+  const at::Tensor g = gather_seq(x);  // (B, T, D)
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& w : ws) out.push_back(project(g, w));
+  return out;
+}
+
+at::Tensor TensorParallelComm::project_reduce_scatter_seq(const at::Tensor& x,
+                                                          const at::Tensor& w) {
+  return reduce_scatter_seq(project(x, w));
+}
+
+std::vector<at::Tensor> Model::seq_gather_project(const at::Tensor& x,
+                                                  const std::vector<at::Tensor>& ws) const {
+  if (tp_) return tp_->gather_seq_project(x, ws);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& w : ws) out.push_back(project(x, w));
+  return out;
+}
+
+at::Tensor Model::seq_project_reduce(const at::Tensor& x, const at::Tensor& w) const {
+  return tp_ ? tp_->project_reduce_scatter_seq(x, w) : project(x, w);
+}
+
+at::Tensor Model::seq_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                             const at::Tensor& w3) const {
+  if (!tp_) return swiglu(x, w1, w2, w3);
+  // As swiglu(): the w1 and w3 GEMMs, silu(a) * b as one node, then w2.
+  std::vector<at::Tensor> ab = tp_->gather_seq_project(x, {w1, w3});
+  return tp_->project_reduce_scatter_seq(ops::swiglu_act(ab[0], ab[1]), w2);
 }
 
 const char* tp_style_name(TpStyle s) {

@@ -259,6 +259,15 @@ class Model {
   // sequence shard of their sum.
   at::Tensor seq_gather(const at::Tensor& x) const { return tp_ ? tp_->gather_seq(x) : x; }
   at::Tensor seq_reduce(const at::Tensor& x) const { return tp_ ? tp_->reduce_scatter_seq(x) : x; }
+  // The same boundaries with the GEMMs beside them (TensorParallelComm::gather_seq_project,
+  // project_reduce_scatter_seq; async tensor parallelism overlaps them): project(seq_gather(x),
+  // w) for each w, and seq_reduce(project(x, w)). seq_swiglu: the feed-forward between them,
+  // seq_reduce(swiglu(seq_gather(x), w1, w2, w3)).
+  std::vector<at::Tensor> seq_gather_project(const at::Tensor& x,
+                                             const std::vector<at::Tensor>& ws) const;
+  at::Tensor seq_project_reduce(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor seq_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                        const at::Tensor& w3) const;
   // Context parallelism (core/train/context_parallel.h), installed by parallel/; null: one
   // cp rank. forward and token_loss_sum then take whole sequences and run this rank's tokens;
   // the families read global positions and gather keys and values through it.

@@ -68,6 +68,15 @@ class TensorParallelComm {
   // Partial sums (B, T, ...) -> this rank's rows (B, T/tp, ...) of their sum over the ranks
   // (reduce-scatter along dim 1); backward all-gathers.
   virtual at::Tensor reduce_scatter_seq(const at::Tensor& x) = 0;
+  // The sequence-parallel boundaries fused with the GEMMs beside them, so that an
+  // implementation can overlap each chunk's collective with another chunk's GEMM (async
+  // tensor parallelism, parallel/tensor_parallel.cpp). gather_seq_project: x (B, T/tp, D),
+  // each w (O_i, D) -> project(gather_seq(x), w) (B, T, O_i). project_reduce_scatter_seq:
+  // x (B, T, F), w (D, F) -> reduce_scatter_seq(project(x, w)) (B, T/tp, D). These defaults
+  // are exactly those compositions (plain tensor parallelism).
+  virtual std::vector<at::Tensor> gather_seq_project(const at::Tensor& x,
+                                                     const std::vector<at::Tensor>& ws);
+  virtual at::Tensor project_reduce_scatter_seq(const at::Tensor& x, const at::Tensor& w);
   // In place over the tp ranks, no autograd: a sum, or a max when `max`.
   virtual void allreduce(at::Tensor& t, bool max) = 0;
   // (..., V/tp) -> (..., V): all-gather along the last dim, no autograd (logits for tests

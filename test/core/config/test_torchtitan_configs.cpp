@@ -307,8 +307,8 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
        "[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n[parallelism]\n"
        "tensor_parallel_degree = 2\nexpert_tensor_parallel_degree = 2\n",
        "parallelism.expert_tensor_parallel_degree", "quantize.grouped_mm.float8"},
-      {"[parallelism]\ntensor_parallel_degree = 8\nenable_async_tensor_parallel = true\n",
-       "parallelism.enable_async_tensor_parallel", "async tensor parallelism"},
+      {"[parallelism]\nenable_async_tensor_parallel = true\n",
+       "parallelism.enable_async_tensor_parallel", "tensor_parallel_degree = 1"},
       {"[parallelism]\ncontext_parallel_rotate_method = \"alltoall\"\n",
        "parallelism.context_parallel_rotate_method", "alltoall"},
       // The first one in the file is named.
@@ -375,8 +375,6 @@ std::vector<std::string> unsupported_keys(const std::string& text) {
   if (t["parallelism"]["context_parallel_rotate_method"].value_or<std::string>("allgather") ==
       "alltoall")
     out.push_back("parallelism.context_parallel_rotate_method");
-  if (t["parallelism"]["enable_async_tensor_parallel"].value_or(false))
-    out.push_back("parallelism.enable_async_tensor_parallel");
   const int64_t tp = t["parallelism"]["tensor_parallel_degree"].value_or<int64_t>(1);
   const int64_t etp = t["parallelism"]["expert_tensor_parallel_degree"].value_or<int64_t>(1);
   if (etp != 1 && etp != tp) out.push_back("parallelism.expert_tensor_parallel_degree");
@@ -433,8 +431,8 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
 }
 
 TEST_CASE(
-    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B names async TP "
-    "and then float8 linears with TP; 17Bx128E's pipeline plans",
+    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B gets past async "
+    "TP and the float8 all-gather and names float8 linears with TP; 17Bx128E's pipeline plans",
     "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
@@ -447,20 +445,25 @@ TEST_CASE(
   auto a = parse({"--config", dir + "llama4_17bx16e.toml"});
   CHECK(a.cfg.parallelism.tensor_parallel_degree == 8);
   CHECK(a.cfg.parallelism.expert_tensor_parallel_degree == 8);
-  // Float8 linears and their FSDP float8 all-gather run; without async TP, the next thing 405B
-  // asks for is float8 linears with tensor parallelism.
+  // Async TP and the FSDP float8 all-gather run; what 405B asks for beside them is float8
+  // linears under tp > 1: without float8, 405B loads with async TP on.
   test::TempDir tmp("tt405");
-  const std::string no_async =
+  const std::string no_f8ag =
       std::regex_replace(test::read_file(dir + "llama3_405b.toml"),
-                         std::regex("enable_async_tensor_parallel = true"), "");
-  test::write_file(tmp.file("405b_no_async.toml"), no_async);
+                         std::regex("(enable_fsdp_float8_all_gather|"
+                                    "precompute_float8_dynamic_scale_for_fsdp) = true|"
+                                    "converters = \\[\"float8\"\\]"),
+                         "");
+  test::write_file(tmp.file("405b_no_f8ag.toml"), no_f8ag);
+  auto loads = titan_run("--config " + tmp.file("405b_no_f8ag.toml") + " --dump-config");
+  INFO(loads.out.substr(0, 3000));
+  CHECK(loads.rc == 0);
+  CHECK_THAT(loads.out, Contains("enable_async_tensor_parallel = true"));
   struct Case {
     std::string file, key, feature;
   };
   const std::vector<Case> cases = {
-      {dir + "llama3_405b.toml", "parallelism.enable_async_tensor_parallel",
-       "async tensor parallelism"},
-      {tmp.file("405b_no_async.toml"), "parallelism.tensor_parallel_degree = 8", "float8 linears"},
+      {dir + "llama3_405b.toml", "parallelism.tensor_parallel_degree = 8", "float8 linears"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config " + c.file + " --dump-config");
