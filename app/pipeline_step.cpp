@@ -165,6 +165,7 @@ at::Tensor PipelineTraining::optimizer(const StepOptions& o) {
   model_.weights_updated();
   opt_->zero_grad();
   model_.after_optimizer_step();
+  if (sync_) sync_->after_optimizer_step();
   return norm;
 }
 

@@ -77,6 +77,7 @@ at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradS
   model.weights_updated();  // the fused kernel bumps no version counter (model.h)
   opt.zero_grad();
   model.after_optimizer_step();
+  if (grad_sync) grad_sync->after_optimizer_step();
   return norm;
 }
 

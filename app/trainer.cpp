@@ -285,6 +285,12 @@ void Trainer::setup_float8() {
   log_info("=> " + float8::describe(opts, device_) + "; " + std::to_string(plan.converted.size()) +
            " linears converted, " + std::to_string(plan.filtered.size()) + " filtered" + filtered +
            "; output, embedding and router in high precision");
+  // torchtitan applies the float8 all-gather only where FSDP shards (dp_shard > 1).
+  if (f.enable_fsdp_float8_all_gather && !fsdp_)
+    log_info(
+        "=> float8: enable_fsdp_float8_all_gather has nothing to gather without FSDP "
+        "(parallelism.data_parallel_shard_degree 1): the weights are cast where they are, "
+        "as torchtitan does");
 }
 
 void Trainer::load_hf_init() {
@@ -407,6 +413,12 @@ void Trainer::parallelize_pipeline() {
       fo.backward_prefetch = false;
       fo.max_inflight_reductions = 0;
     }
+    if (float8_linear_enabled(cfg_) && cfg_.float8.enable_fsdp_float8_all_gather) {
+      const std::vector<int64_t>& mine = fo.only_params;  // this rank's stages' float8 weights
+      for (int64_t i : model_->float8_params())
+        if (std::find(mine.begin(), mine.end(), i) != mine.end()) fo.float8_params.push_back(i);
+      fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
+    }
     sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
     if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
     grad_sync_ = sharded_.get();
@@ -465,6 +477,10 @@ void Trainer::parallelize() {
     if (!comm_overlap()) {
       fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
       fo.max_inflight_reductions = 0;
+    }
+    if (float8_linear_enabled(cfg_) && cfg_.float8.enable_fsdp_float8_all_gather) {
+      fo.float8_params = model_->float8_params();  // tensorwise: validate_config
+      fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
     }
     sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
     if (hf_init_)

@@ -5,9 +5,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <sstream>
 
+#include "core/kernels/float8_linear.h"
+#include "core/train/float8_linears.h"
 #include "parallel/flat_grad_allreduce.h"
 
 namespace titan {
@@ -34,6 +37,19 @@ struct FullyShardedDataParallel::Unit {
   std::vector<at::Tensor> full;  // the gathered weights handed to the model (autograd outputs)
   std::vector<bool> handed;      // returned by weight() since the last gather
   bool released = false;         // storages freed after the block's forward
+  // Float8 all-gather (FsdpOptions::float8_params): a rank's row is bytes, the param_dtype
+  // shards first (so each starts at a multiple of its element size), then the e4m3 ones.
+  std::vector<int64_t> f8_slot;   // per param: its index among the unit's float8 weights, or -1
+  std::vector<int64_t> byte_off;  // per param: where its chunk starts in a rank's row (bytes)
+  int64_t row_bytes = 0;          // a rank's row, padded to 16 bytes
+  int64_t f8_count = 0;           // float8 weights in the unit
+  int64_t f8_first = 0;           // the first one's slot in the precomputed scales
+  at::Tensor scales;              // (f8_count) fp32: those of the current gather
+  at::Tensor prefetch_scales;     // those the started all-gather was cast with
+  // Per param: the gathered e4m3 weight (full[k] is then a stand-in of its shape, with no
+  // values, that carries the autograd edge to the reduce-scatter); undefined for the others.
+  std::vector<at::Tensor> full8;
+  bool float8() const { return f8_count > 0; }
 };
 
 namespace {
@@ -59,6 +75,17 @@ void alloc_storage(const at::Tensor& t) {
   if (s->nbytes() == bytes) return;
   s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
   s->set_nbytes(bytes);
+}
+
+// A tensor of `shape` and the options' dtype whose elements all alias one zero (strides 0):
+// what the model is handed for a weight gathered in float8. Its values are never read (the
+// float8 linear uses the gathered e4m3 weight); it has the weight's shape and dtype so that
+// the gradient autograd gives it is the weight's.
+at::Tensor standin(const std::vector<int64_t>& shape, const at::TensorOptions& opt) {
+  at::Tensor one = at::zeros({1}, opt);
+  at::Tensor t = at::empty({0}, opt);
+  t.set_(one.storage(), 0, shape, std::vector<int64_t>(shape.size(), 0));
+  return t;
 }
 
 // A unit's flat layout is `grid` [n, chunk_total]: row r holds rank r's shards back to back,
@@ -146,7 +173,7 @@ struct FullyShardedDataParallel::Regather : public torch::autograd::Function<Reg
     // computes. Every rank runs the same backward graph, so the order matches everywhere.
     if (u.prev >= 0) {
       Unit& p = *self->units_[static_cast<size_t>(u.prev)];
-      if (p.released) self->prefetch(p);
+      if (p.released) self->prefetch(p, /*regather=*/true);
     }
     return {at::Tensor(), at::Tensor(), grads[0]};
   }
@@ -236,6 +263,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Mesh& mesh,
           ub.prev = order[a];
         break;
       }
+  if (!opts.float8_params.empty()) {
+    for (auto& u : units_) layout_float8(*u);
+    TORCH_CHECK(f8_order_.size() == opts.float8_params.size(),
+                "FSDP float8 all-gather: a float8 weight is in no unit");
+  }
   model.set_weight_fn([this](int64_t i) { return weight(i); });
   model.set_block_done_fn([this](int64_t b, const at::Tensor& out) { return after_block(b, out); });
 }
@@ -263,24 +295,48 @@ std::string FullyShardedDataParallel::describe() const {
     os << ", reduce-scatters waited for at once";
   if (mesh_.replicate > 1)
     os << ", then an async all-reduce per unit over " << mesh_.replicate << " replicas";
+  if (!f8_order_.empty())
+    os << "; float8 all-gather of " << f8_order_.size()
+       << " linear weights (e4m3, the whole weight's tensorwise scale: "
+       << (opts_.float8_precompute
+               ? "precomputed after each optimizer step, one fused amax and one all-reduce)"
+               : "one amax all-reduce per unit at each forward gather)");
   return os.str();
 }
 
-at::Tensor FullyShardedDataParallel::pack(const Unit& u, const std::vector<at::Tensor>& shards) {
-  std::vector<at::Tensor> flat;
-  for (auto& s : shards) flat.push_back(s.detach().reshape({-1}));
-  return at::cat(flat).to(opts_.param_dtype);
+at::Tensor FullyShardedDataParallel::pack(const Unit& u, const std::vector<at::Tensor>& shards,
+                                          const at::Tensor& scales) {
+  if (!u.float8()) {
+    std::vector<at::Tensor> flat;
+    for (auto& s : shards) flat.push_back(s.detach().reshape({-1}));
+    return at::cat(flat).to(opts_.param_dtype);
+  }
+  // Zeros: the padding bytes are gathered too, and then every step sends the same.
+  at::Tensor row = at::zeros({u.row_bytes}, shards[0].options().dtype(at::kByte));
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opts_.param_dtype));
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    const at::Tensor flat = shards[k].detach().reshape({-1});
+    const int64_t slot = u.f8_slot[k];
+    if (slot >= 0)  // torchao's fsdp_pre_all_gather: the fp32 shard cast with the whole's scale
+      row.narrow(0, u.byte_off[k], u.chunk_numel[k])
+          .view(at::kFloat8_e4m3fn)
+          .copy_(float8::to_float8_saturated(flat, scales[slot], at::kFloat8_e4m3fn));
+    else
+      row.narrow(0, u.byte_off[k], u.chunk_numel[k] * esize).view(opts_.param_dtype).copy_(flat);
+  }
+  return row;
 }
 
-void FullyShardedDataParallel::prefetch(Unit& u) {
+void FullyShardedDataParallel::prefetch(Unit& u, bool regather) {
   if (u.prefetch_work.pending() || u.prefetch_recv.defined()) return;
   if (opts_.gather_once_per_step && !u.full.empty() && !u.released) return;  // gathered
   at::NoGradGuard ng;
   std::vector<at::Tensor> shards;
   for (int64_t i : u.params) shards.push_back(model_.params()[i].value);
-  u.prefetch_send = pack(u, shards);
-  u.prefetch_recv =
-      at::empty({u.group->size() * u.chunk_total}, u.prefetch_send.options().requires_grad(false));
+  if (u.float8()) u.prefetch_scales = regather ? u.scales : float8_scales(u, shards);
+  u.prefetch_send = pack(u, shards, u.prefetch_scales);
+  u.prefetch_recv = at::empty({u.group->size() * u.prefetch_send.numel()},
+                              u.prefetch_send.options().requires_grad(false));
   u.prefetch_work = u.group->all_gather_start(u.prefetch_recv, u.prefetch_send);
 }
 
@@ -288,42 +344,133 @@ void FullyShardedDataParallel::gather_into(Unit& u, const std::vector<at::Tensor
                                            bool refill) {
   at::NoGradGuard ng;
   const int64_t n = u.group->size();
-  const auto opt = shards[0].options().dtype(opts_.param_dtype).requires_grad(false);
   at::Tensor recv;
   if (u.prefetch_recv.defined()) {  // started while the neighbouring block computed
     u.prefetch_work.wait();
     recv = u.prefetch_recv;
-    u.prefetch_send = u.prefetch_recv = at::Tensor();
+    u.scales = u.prefetch_scales;
+    u.prefetch_send = u.prefetch_recv = u.prefetch_scales = at::Tensor();
   } else {
-    at::Tensor send = pack(u, shards);
-    recv = at::empty({n * u.chunk_total}, opt);
+    // A regather keeps the scales of the forward's gather: the shards have not changed.
+    if (u.float8() && !refill) u.scales = float8_scales(u, shards);
+    at::Tensor send = pack(u, shards, u.scales);
+    recv = at::empty({n * send.numel()}, send.options().requires_grad(false));
     u.group->all_gather(recv, send);
   }
-  at::Tensor grid = recv.view({n, u.chunk_total});  // row r: rank r's shards, concatenated
+  unpack(u, recv.view({n, -1}), refill);  // row r: rank r's shards, concatenated
+}
+
+void FullyShardedDataParallel::unpack(Unit& u, const at::Tensor& grid, bool refill) {
+  const auto opt = model_.params()[u.params[0]].value.options().dtype(opts_.param_dtype);
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opts_.param_dtype));
   if (!refill) {
     u.full.clear();
+    u.full8.assign(u.params.size(), at::Tensor());
     u.handed.assign(u.params.size(), false);
   }
   int64_t off = 0;
   for (size_t k = 0; k < u.params.size(); ++k) {
+    const int64_t slot = u.float8() ? u.f8_slot[k] : -1;
+    // This param's columns of the grid, typed: (n, chunk_numel[k]).
+    at::Tensor from = grid.narrow(1, off, u.chunk_numel[k]);
+    if (u.float8())
+      from = slot >= 0
+                 ? grid.narrow(1, u.byte_off[k], u.chunk_numel[k]).view(at::kFloat8_e4m3fn)
+                 : grid.narrow(1, u.byte_off[k], u.chunk_numel[k] * esize).view(opts_.param_dtype);
     at::Tensor dst;
     if (refill) {
       // Write through a separate alias: copying into the tensor itself would bump the
       // version counter autograd checks when it unpacks the saved weight.
-      const at::Tensor& t = u.full[k];
+      const at::Tensor& t = slot >= 0 ? u.full8[k] : u.full[k];
       alloc_storage(t);
       dst = at::empty({0}, t.options().requires_grad(false));
       dst.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+    } else if (slot >= 0) {
+      dst = at::empty(u.full_shape[k], opt.dtype(at::kFloat8_e4m3fn).requires_grad(false));
+      u.full8[k] = dst;
+      u.full.push_back(standin(u.full_shape[k], opt.requires_grad(false)));
+      attach_float8_weight(u.full.back(), {dst, u.scales[slot]});
     } else {
       // Always a fresh tensor (never a view of recv): its storage is freed and refilled alone.
-      dst = at::empty(u.full_shape[k], opt);
+      dst = at::empty(u.full_shape[k], opt.requires_grad(false));
       u.full.push_back(dst);
     }
-    match_rows(grid, off, u.chunk_rows[k], dst,
-               [](const at::Tensor& from, const at::Tensor& to) { to.copy_(from); });
+    match_rows(from, 0, u.chunk_rows[k], dst,
+               [](const at::Tensor& f, const at::Tensor& to) { to.copy_(f); });
     off += u.chunk_numel[k];
   }
   u.released = false;
+}
+
+void FullyShardedDataParallel::layout_float8(Unit& u) {
+  const std::vector<int64_t>& f8 = opts_.float8_params;
+  u.f8_slot.assign(u.params.size(), -1);
+  u.byte_off.assign(u.params.size(), 0);
+  u.f8_first = static_cast<int64_t>(f8_order_.size());
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    if (std::find(f8.begin(), f8.end(), u.params[k]) == f8.end()) continue;
+    const Param& p = model_.params()[u.params[k]];
+    TORCH_CHECK(u.group == mesh_.shard_group && u.full_shape[k].size() == 2,
+                "FSDP float8 all-gather: ", p.name, " is not a dense 2-D weight");
+    u.f8_slot[k] = u.f8_count++;
+    f8_order_.push_back(u.params[k]);
+  }
+  if (!u.float8()) return;
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(opts_.param_dtype));
+  int64_t off = 0;
+  for (size_t k = 0; k < u.params.size(); ++k)
+    if (u.f8_slot[k] < 0) {
+      u.byte_off[k] = off;
+      off += u.chunk_numel[k] * esize;
+    }
+  for (size_t k = 0; k < u.params.size(); ++k)
+    if (u.f8_slot[k] >= 0) {
+      u.byte_off[k] = off;
+      off += u.chunk_numel[k];
+    }
+  u.row_bytes = (off + 15) / 16 * 16;
+}
+
+at::Tensor FullyShardedDataParallel::float8_scales(Unit& u, const std::vector<at::Tensor>& shards) {
+  if (opts_.float8_precompute) {
+    // The first step's first gather: no optimizer step has computed them yet (the shards are
+    // initialized or loaded by then: the trainer loads before the first step).
+    if (!f8_scales_.defined()) precompute_float8_scales();
+    // A copy: the buffer is rewritten after the optimizer step, the copy is this gather's.
+    return f8_scales_.narrow(0, u.f8_first, u.f8_count).clone();
+  }
+  // torchao's dynamic path (tensor_to_amax with reduce_amax): the whole weight's amax is the
+  // max of the shards' amaxes. One all-reduce for the unit's float8 weights together (torchao
+  // issues one per weight); the same values.
+  std::vector<at::Tensor> amax;
+  for (size_t k = 0; k < u.params.size(); ++k)
+    if (u.f8_slot[k] >= 0) amax.push_back(at::amax(at::abs(shards[k].detach())));
+  at::Tensor a = at::stack(amax).to(at::kFloat);  // (f8_count)
+  u.group->allreduce(a, ReduceOp::Max);
+  return float8::amax_to_scale(a, at::kFloat8_e4m3fn, /*power_of_2=*/false);
+}
+
+// torchao's precompute_float8_dynamic_scale_for_fsdp: after the optimizer step, the amax of
+// every float8 weight in one fused op (its torch._foreach_norm with ord inf: max |w| of each
+// shard), one all-reduce (max) over the shard group for all of them, then the e4m3 scales
+// (amax_to_scale: 448 / max(amax, 1e-12) in fp64, then fp32, as torchao 0.18 does). On the
+// device: nothing is read on the host.
+void FullyShardedDataParallel::precompute_float8_scales() {
+  at::NoGradGuard ng;
+  std::vector<at::Tensor> shards;
+  for (int64_t i : f8_order_) shards.push_back(model_.params()[i].value);
+  at::Tensor amax = at::stack(at::_foreach_norm(shards, std::numeric_limits<double>::infinity()))
+                        .to(at::kFloat);  // (slots)
+  mesh_.shard_group->allreduce(amax, ReduceOp::Max);
+  at::Tensor s = float8::amax_to_scale(amax, at::kFloat8_e4m3fn, /*power_of_2=*/false);
+  if (f8_scales_.defined())
+    f8_scales_.copy_(s);
+  else
+    f8_scales_ = s;
+}
+
+void FullyShardedDataParallel::after_optimizer_step() {
+  if (opts_.float8_precompute && !f8_order_.empty()) precompute_float8_scales();
 }
 
 void FullyShardedDataParallel::start_reduce_scatter(Unit& u,
@@ -397,7 +544,8 @@ void FullyShardedDataParallel::start_replication(int64_t unit) {
 }
 
 void FullyShardedDataParallel::release(Unit& u) {
-  for (auto& t : u.full) free_storage(t);
+  for (size_t k = 0; k < u.full.size(); ++k)  // a stand-in has no storage worth freeing
+    free_storage(u.float8() && u.f8_slot[k] >= 0 ? u.full8[k] : u.full[k]);
   u.released = true;
 }
 
@@ -420,7 +568,7 @@ at::Tensor FullyShardedDataParallel::weight(int64_t i) {
     }
     // Start the next unit's all-gather now, so it overlaps this block's compute. Every rank
     // runs the same forward, so the collectives stay in the same order on every rank.
-    if (u.next >= 0) prefetch(*units_[static_cast<size_t>(u.next)]);
+    if (u.next >= 0) prefetch(*units_[static_cast<size_t>(u.next)], /*regather=*/false);
   }
   u.handed[static_cast<size_t>(k)] = true;
   return u.full[static_cast<size_t>(k)];
@@ -431,6 +579,7 @@ void FullyShardedDataParallel::alias_full(Unit& u) {
   for (at::Tensor& t : u.full) {
     at::Tensor a = at::empty({0}, t.options().requires_grad(false));
     a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+    copy_float8_mark(t, a);  // a float8-gathered weight's stand-in: its e4m3 form goes along
     t = a;  // the earlier forward's tensor lives on in its own autograd graph
   }
   u.handed.assign(u.params.size(), false);
@@ -460,7 +609,7 @@ void FullyShardedDataParallel::reduce_gradients(const std::vector<at::Tensor>&) 
   // weights from before the optimizer step: finish it and drop it.
   for (auto& u : units_) {
     u->prefetch_work.wait();
-    u->prefetch_send = u->prefetch_recv = at::Tensor();
+    u->prefetch_send = u->prefetch_recv = u->prefetch_scales = at::Tensor();
   }
   last_micro_batch_ = true;
 }
@@ -469,7 +618,7 @@ void FullyShardedDataParallel::release_gathered() {
   for (auto& u : units_) {
     if (!u->full.empty() && !u->released) release(*u);
     u->prefetch_work.wait();  // a prefetch nobody consumed: stale after the next step
-    u->prefetch_send = u->prefetch_recv = at::Tensor();
+    u->prefetch_send = u->prefetch_recv = u->prefetch_scales = at::Tensor();
   }
 }
 

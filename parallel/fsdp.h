@@ -41,6 +41,17 @@ struct FsdpOptions {
   // unit's full-size gradient buffer until done). 0: no overlap, every reduce-scatter (and
   // replica all-reduce) is waited for as soon as it starts.
   int64_t max_inflight_reductions = 2;
+  // Float8 all-gather (quantize.linear.float8.enable_fsdp_float8_all_gather, docs/float8.md):
+  // these store indices, the float8 linears' weights (tensorwise recipe), are gathered as e4m3
+  // bytes, cast from the fp32 shards with the scale of the whole weight (448 / its amax, the
+  // shards' amaxes all-reduced with max), and handed to the model in that form: the float8
+  // linear uses the gathered bytes as they are. Their gradients reach the shards through the
+  // reduce-scatter as the others'. Empty: every weight is gathered in param_dtype.
+  std::vector<int64_t> float8_params;
+  // precompute_float8_dynamic_scale_for_fsdp: the float8 weights' scales are computed after
+  // each optimizer step, all at once (one fused amax, one all-reduce), instead of one
+  // all-reduce per unit at each forward gather.
+  bool float8_precompute = false;
   // Pipeline parallelism: only these store indices (this rank's stages) are sharded; the
   // rest stay unallocated (meta). Empty: every parameter.
   std::vector<int64_t> only_params;
@@ -71,6 +82,8 @@ class FullyShardedDataParallel : public GradSync {
   void release_gathered();
   // Sums the squared norm of the local shards over the shard group.
   void reduce_norm_sq(at::Tensor& norm_sq) override;
+  // With float8_precompute: the next step's float8 all-gather scales, from the updated shards.
+  void after_optimizer_step() override;
 
   // The whole of parameter i (fp32, on every rank of its group): a collective, for exports.
   at::Tensor full_param(int64_t i);
@@ -90,8 +103,18 @@ class FullyShardedDataParallel : public GradSync {
   // gather_once_per_step: fresh aliases of unit u's gathered weights for another forward.
   void alias_full(Unit& u);
   at::Tensor after_block(int64_t block, const at::Tensor& out);
-  at::Tensor pack(const Unit& u, const std::vector<at::Tensor>& shards);
-  void prefetch(Unit& u);
+  // A rank's flat share of unit u: its shards in param_dtype, or with float8 weights its
+  // bytes (float8 ones cast with `scales`, one per float8 weight of u).
+  at::Tensor pack(const Unit& u, const std::vector<at::Tensor>& shards, const at::Tensor& scales);
+  // regather: the backward's gather of a released unit, which reuses its forward's scales.
+  void prefetch(Unit& u, bool regather);
+  // Float8 all-gather: the byte layout of unit u's rows; the scales of its float8 weights for
+  // a forward gather (fp32, one each); the precomputed scales of every float8 weight.
+  void layout_float8(Unit& u);
+  at::Tensor float8_scales(Unit& u, const std::vector<at::Tensor>& shards);
+  void precompute_float8_scales();
+  // Copies the gathered rows (grid, one row per rank) into the unit's full weights.
+  void unpack(Unit& u, const at::Tensor& grid, bool refill);
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);
   void start_reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads);
   void finish_oldest_reduction();
@@ -108,6 +131,11 @@ class FullyShardedDataParallel : public GradSync {
   std::vector<Reduction> reductions_;  // in flight, in start order (the same on every rank)
   std::vector<Replication> replications_;
   bool last_micro_batch_ = true;
+  // Precomputed float8 scales (float8_precompute): slot j is float8 weight f8_order_[j]; each
+  // unit's weights are consecutive slots. The buffer is written in place, so a captured
+  // optimizer step and forward read and write the same memory every replay.
+  std::vector<int64_t> f8_order_;
+  at::Tensor f8_scales_;                  // (slots) fp32
 };
 
 // Bytes of parameters and AdamW state held by this rank (what sharding divides).

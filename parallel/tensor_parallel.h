@@ -53,6 +53,9 @@ class TensorParallelGradSync : public GradSync {
   void begin_micro_batch(bool last) override;
   void reduce_gradients(const std::vector<at::Tensor>& params) override;
   void reduce_norm_sq(at::Tensor& norm_sq) override;
+  void after_optimizer_step() override {
+    if (inner_) inner_->after_optimizer_step();
+  }
 
  private:
   Model& model_;

@@ -32,7 +32,7 @@ from check_function_length import functions, strip_code  # noqa: E402
 HOT_PATH = [
     "models/*.cpp", "models/*.h", "models/*.cu",
     "moe/*.cpp", "moe/*.h", "moe/*.cu",
-    "core/train/functional.*", "core/kernels/ops*", "core/kernels/float8*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
+    "core/train/functional.*", "core/kernels/ops*", "core/kernels/float8*", "core/train/float8_linears.*", "core/kernels/fused_loss.*", "core/train/optimizer.*",
     "core/train/recompute.*", "core/train/model.*", "core/train/grad_sync.h", "core/train/expert_exchange.h",
     "app/train_step.*", "app/trainer.*", "app/compiled_step.*", "app/ep_capacity.*",
     "core/train/capture_check.*",

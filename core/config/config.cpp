@@ -568,14 +568,20 @@ void validate_float8(const JobConfig& cfg) {
   const auto& f = cfg.float8;
   validate_float8_grouped(cfg);
   if (!float8_linear_enabled(cfg)) return;  // torchtitan reads the section only then
-  auto not_yet = [](const std::string& key, const std::string& what) {
-    return UserError("quantize.linear.float8." + key + " = true (" + what +
-                     ") is not implemented yet; allowed: false");
-  };
-  if (f.enable_fsdp_float8_all_gather)
-    throw not_yet("enable_fsdp_float8_all_gather", "FSDP all-gather in float8");
-  if (f.precompute_float8_dynamic_scale_for_fsdp)
-    throw not_yet("precompute_float8_dynamic_scale_for_fsdp", "precomputed FSDP float8 scales");
+  // torchao's FSDP float8 all-gather casts each weight with one tensorwise scale (its
+  // Float8LinearConfig asserts it); torchtitan refuses a recipe_name with the flag.
+  if (f.enable_fsdp_float8_all_gather && f.recipe_name != "tensorwise")
+    throw UserError(
+        "quantize.linear.float8.enable_fsdp_float8_all_gather = true with recipe_name = \"" +
+        f.recipe_name +
+        "\" is not allowed: the float8 all-gather takes tensorwise scales only (as in torchao); "
+        "allowed: false, or recipe_name = \"tensorwise\"");
+  // torchtitan ignores it without the all-gather; here nothing float8 is accepted and ignored.
+  if (f.precompute_float8_dynamic_scale_for_fsdp && !f.enable_fsdp_float8_all_gather)
+    throw UserError(
+        "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = true without "
+        "enable_fsdp_float8_all_gather is not allowed: the scales it precomputes are the float8 "
+        "all-gather's; allowed: false, or enable_fsdp_float8_all_gather = true");
   // A tp rank holds a slice of each weight; torchao's tensorwise scale is the whole weight's
   // amax (an all-reduce over tp), which the op does not do yet.
   if (cfg.parallelism.tensor_parallel_degree > 1)

@@ -483,12 +483,15 @@ void float8_options(std::vector<Option>& out) {
         "on CUDA below SM89; the CPU emulates what its kernel lacks by itself)")
       .alias("float8.emulate");
   s.add("enable_fsdp_float8_all_gather", &F::enable_fsdp_float8_all_gather, false,
-        "Gather FSDP weights in float8: not implemented yet (true exits 2 while float8 is on)")
+        "FSDP gathers the float8 linears' weights in float8 e4m3 (1 byte per element), cast "
+        "with the whole weight's tensorwise scale; recipe_name tensorwise only. Without FSDP "
+        "sharding there is nothing to gather")
       .alias("float8.enable_fsdp_float8_all_gather");
   s.add("precompute_float8_dynamic_scale_for_fsdp", &F::precompute_float8_dynamic_scale_for_fsdp,
         false,
-        "One fused amax for every weight's float8 scale after the optimizer step: not "
-        "implemented yet (true exits 2 while float8 is on)")
+        "With enable_fsdp_float8_all_gather: every float8 weight's scale computed after the "
+        "optimizer step with one fused amax and one all-reduce, instead of an all-reduce per "
+        "FSDP unit at each gather")
       .alias("float8.precompute_float8_dynamic_scale_for_fsdp");
   SectionDefs<F> g("quantize.grouped_mm.float8", &JobConfig::float8, out);
   g.add("fqns", &F::grouped_mm_fqns, Strings{},

@@ -142,24 +142,35 @@ constexpr bool kFastAccumOutput = true;
 constexpr bool kFastAccumGrads = false;
 
 struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
-  // x2: (M, K), w: (N, K). Returns (M, N).
+  // x2: (M, K), w: (N, K). Returns (M, N). w8_data (N, K) e4m3 and w8_scale () fp32, when
+  // defined, are w already cast (tensorwise only): both GEMMs that take w use them as they are
+  // (torchao's Float8TrainingTensor weight), and w itself is not read, only its gradient given.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x2, const at::Tensor& w,
-                            int64_t recipe, bool emulated) {
-    ctx->save_for_backward({x2, w});
+                            const std::optional<at::Tensor>& w8_data_opt,
+                            const std::optional<at::Tensor>& w8_scale_opt, int64_t recipe,
+                            bool emulated) {
+    // Optionals: autograd records an undefined tensor argument as an input it cannot describe.
+    const at::Tensor w8_data = w8_data_opt.value_or(at::Tensor());
+    const at::Tensor w8_scale = w8_scale_opt.value_or(at::Tensor());
+    const bool pre = w8_data.defined();
+    // The pre-cast weight is saved instead of w: w may be a stand-in without values.
+    ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale});
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulated"] = emulated;
     const Plan p = plan_of(static_cast<Recipe>(recipe));
     const Kernel k = emulated ? Kernel::Emulated : Kernel::ScaledMm;
     // The amax of x is over K per row (dim -1); of w^T (K, N) over K per column (dim 0).
     const Operand xq = cast(x2, p.x, -1, p.power_of_2);
-    const Operand wq = cast(w.t(), p.w, 0, p.power_of_2);
+    const Operand wq =
+        pre ? Operand{w8_data.t(), w8_scale, false} : cast(w.t(), p.w, 0, p.power_of_2);
     return gemm(xq, wq, x2.scalar_type(), k, kFastAccumOutput);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x2 = saved[0];  // (M, K)
-    const at::Tensor& w = saved[1];   // (N, K)
+    const at::Tensor& w = saved[1];   // (N, K): high precision, or e4m3 with saved[2] its scale
+    const bool pre = saved[2].defined();
     const Plan p = plan_of(static_cast<Recipe>(ctx->saved_data["recipe"].toInt()));
     const Kernel k = ctx->saved_data["emulated"].toBool() ? Kernel::Emulated : Kernel::ScaledMm;
     const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});  // (M, N)
@@ -168,7 +179,9 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     if (ctx->needs_input_grad(0)) {
       // dx = go w: go's amax over N per row; w^T (K, N)'s over N per row, then transposed.
       const Operand goq = cast(go, p.go, -1, p.power_of_2);
-      const Operand wq = cast(w.t(), p.w_gi, -1, p.power_of_2).t();
+      // Pre-cast (tensorwise): the forward's cast of w, which is this GEMM's cast too.
+      const Operand wq =
+          pre ? Operand{w, saved[2], false} : cast(w.t(), p.w_gi, -1, p.power_of_2).t();
       dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
     }
     if (ctx->needs_input_grad(1)) {
@@ -181,7 +194,7 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
         dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
       }
     }
-    return {dx, dw, at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -265,7 +278,7 @@ at::Tensor to_float8_saturated(const at::Tensor& x, const at::Tensor& scale,
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                         const Options& opts) {
+                         const Options& opts, const Quantized* w8) {
   TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
               "float8_linear: x (..., K) and w (N, K) expected, got ", x.sizes(), " and ",
               w.sizes());
@@ -274,10 +287,25 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   TORCH_CHECK(at::isFloatingType(x.scalar_type()) && x.element_size() >= 2,
               "float8_linear: x must be fp32, bf16 or fp16, got ", x.scalar_type());
   TORCH_CHECK(x.device() == w.device(), "float8_linear: x and w on different devices");
+  if (w8) {
+    TORCH_CHECK(opts.recipe == Recipe::Tensorwise,
+                "float8_linear: a pre-cast weight takes the tensorwise recipe, not ",
+                recipe_name(opts.recipe));
+    TORCH_CHECK(w8->data.scalar_type() == at::kFloat8_e4m3fn && w8->data.sizes() == w.sizes() &&
+                    w8->scale.dim() == 0 && w8->scale.scalar_type() == at::kFloat,
+                "float8_linear: a pre-cast weight is e4m3 data of w's shape ", w.sizes(),
+                " and a 0-d fp32 scale, got ", w8->data.scalar_type(), w8->data.sizes(), " and ",
+                w8->scale.scalar_type(), w8->scale.sizes());
+  }
   const Kernel k = kernel_for(opts, x.device());
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor y =
-      Float8LinearFn::apply(x2, w, static_cast<int64_t>(opts.recipe), k == Kernel::Emulated);
+  std::optional<at::Tensor> w8_data, w8_scale;
+  if (w8) {
+    w8_data = w8->data;
+    w8_scale = w8->scale;
+  }
+  at::Tensor y = Float8LinearFn::apply(x2, w, w8_data, w8_scale, static_cast<int64_t>(opts.recipe),
+                                       k == Kernel::Emulated);
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
   y = y.reshape(shape);

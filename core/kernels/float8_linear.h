@@ -55,15 +55,23 @@ Kernel kernel_for(const Options& opts, const c10::Device& device);
 const char* kernel_name(Kernel k);
 std::string describe(const Options& opts, const c10::Device& device);
 
+struct Quantized;
+
 // y = x w^T (+ bias) with float8 GEMMs. x: (..., K) fp32/bf16/fp16; w: (N, K) in x's dtype;
 // bias: (N) or undefined. Returns (..., N) in x's dtype. Saves x and w (high precision, as
 // torchao does) and re-quantizes them in backward; gives dx and dw (and dbias through the
 // ordinary add). Internal invariants are TORCH_CHECKs.
+//
+// w8: w already cast by its owner (FSDP's float8 all-gather, docs/float8.md): e4m3 data (N, K)
+// and its 0-d fp32 tensorwise scale; tensorwise recipe only. The output and input-gradient
+// GEMMs then take it as it is (torchao's Float8TrainingTensor weight: no re-cast, in forward
+// or backward), the node saves it instead of w, and w's values are never read: w may be a
+// stand-in of w's shape and dtype whose only role is to receive dw.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                         const Options& opts);
+                         const Options& opts, const Quantized* w8 = nullptr);
 
-// One dynamic cast, exposed for tests and the future FSDP float8 all-gather: the float8
-// tensor and its fp32 scale (float8 = saturate(x * scale), x ~ float8 / scale).
+// One dynamic cast, exposed for tests and FSDP's float8 all-gather: the float8 tensor and its
+// fp32 scale (float8 = saturate(x * scale), x ~ float8 / scale).
 //   rowwise false: amax over all of x, scale shape ().
 //   rowwise true:  amax over dim `dim` (keepdim), one scale per slice.
 // scale = float8_max / max(amax, 1e-12) in fp64, then fp32; power_of_2 rounds it down to a

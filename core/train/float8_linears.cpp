@@ -24,11 +24,17 @@ bool too_small(float8::Recipe r, int64_t n, int64_t k) {
 // Marked weights by TensorImpl address. The weak reference keeps the address from being
 // reused by another tensor while the entry exists, so a stale entry can never match a new
 // tensor; expired entries are pruned as marks are added.
+struct Mark {
+  explicit Mark(const at::Tensor& w)
+      : impl(c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr())) {}
+  c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+  std::optional<float8::Options> opts;  // set by mark_float8_weight
+  float8::Quantized pre;                // set by attach_float8_weight
+};
+
 struct Marks {
   std::mutex mu;
-  std::unordered_map<const c10::TensorImpl*,
-                     std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, float8::Options>>
-      by_impl;
+  std::unordered_map<const c10::TensorImpl*, Mark> by_impl;
   size_t adds_since_prune = 0;
   std::atomic<bool> any{false};  // lock-free answer for runs without float8
 };
@@ -36,6 +42,20 @@ struct Marks {
 Marks& marks() {
   static Marks m;
   return m;
+}
+
+// The live entry of w, made if there is none. Called with m.mu held.
+Mark& entry_of(Marks& m, const at::Tensor& w) {
+  const c10::TensorImpl* impl = w.unsafeGetTensorImpl();
+  auto it = m.by_impl.find(impl);
+  if (it != m.by_impl.end() && !it->second.impl.expired()) return it->second;
+  m.any = true;
+  if (++m.adds_since_prune >= 256) {
+    m.adds_since_prune = 0;
+    for (auto e = m.by_impl.begin(); e != m.by_impl.end();)
+      e = e->second.impl.expired() ? m.by_impl.erase(e) : std::next(e);
+  }
+  return m.by_impl.insert_or_assign(impl, Mark(w)).first->second;
 }
 
 }  // namespace
@@ -74,26 +94,46 @@ Float8Plan plan_float8_linears(const ParamStore& params,
 void mark_float8_weight(const at::Tensor& w, const float8::Options& opts) {
   Marks& m = marks();
   std::lock_guard<std::mutex> lock(m.mu);
-  const c10::TensorImpl* impl = w.unsafeGetTensorImpl();
-  auto it = m.by_impl.find(impl);
-  if (it != m.by_impl.end() && !it->second.first.expired()) return;
-  m.any = true;
-  if (++m.adds_since_prune >= 256) {
-    m.adds_since_prune = 0;
-    for (auto e = m.by_impl.begin(); e != m.by_impl.end();)
-      e = e->second.first.expired() ? m.by_impl.erase(e) : std::next(e);
-  }
-  m.by_impl.insert_or_assign(
-      impl, std::make_pair(c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), opts));
+  Mark& e = entry_of(m, w);
+  if (!e.opts) e.opts = opts;
 }
 
-std::optional<float8::Options> float8_options_of(const at::Tensor& w) {
+void attach_float8_weight(const at::Tensor& w, const float8::Quantized& w8) {
+  Marks& m = marks();
+  std::lock_guard<std::mutex> lock(m.mu);
+  entry_of(m, w).pre = w8;
+}
+
+std::optional<Float8Weight> float8_weight_of(const at::Tensor& w) {
   Marks& m = marks();
   if (!m.any) return std::nullopt;
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.by_impl.find(w.unsafeGetTensorImpl());
-  if (it == m.by_impl.end() || it->second.first.expired()) return std::nullopt;
-  return it->second.second;
+  if (it == m.by_impl.end() || it->second.impl.expired()) return std::nullopt;
+  // A stand-in without values must never reach a high-precision GEMM.
+  TORCH_CHECK(it->second.opts || !it->second.pre.data.defined(),
+              "a weight gathered in float8 reached a linear without its float8 mark");
+  if (!it->second.opts) return std::nullopt;
+  return Float8Weight{*it->second.opts, it->second.pre};
+}
+
+void copy_float8_mark(const at::Tensor& from, const at::Tensor& to) {
+  Marks& m = marks();
+  if (!m.any) return;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.by_impl.find(from.unsafeGetTensorImpl());
+  if (it == m.by_impl.end() || it->second.impl.expired()) return;
+  const std::optional<float8::Options> opts = it->second.opts;  // entry_of may rehash
+  const float8::Quantized pre = it->second.pre;
+  Mark& e = entry_of(m, to);
+  e.opts = opts;
+  e.pre = pre;
+}
+
+std::optional<float8::Options> float8_options_of(const at::Tensor& w) {
+  std::optional<Float8Weight> f = float8_weight_of(w);
+  if (!f) return std::nullopt;
+  return f->opts;
 }
 
 }  // namespace titan

@@ -40,5 +40,19 @@ Float8Plan plan_float8_linears(const ParamStore& params,
 void mark_float8_weight(const at::Tensor& w, const float8::Options& opts);
 // The options of a marked weight, or nullopt.
 std::optional<float8::Options> float8_options_of(const at::Tensor& w);
+// Attaches w's float8 form made by w's owner before the model sees w (FSDP's float8
+// all-gather: e4m3 data of w's shape and its tensorwise scale); w may be a stand-in without
+// values. A weight that is then marked runs its GEMMs on it (float8_linear's w8).
+void attach_float8_weight(const at::Tensor& w, const float8::Quantized& w8);
+struct Float8Weight {
+  float8::Options opts;
+  float8::Quantized pre;  // attached float8 form; data undefined: the op casts w itself
+};
+// A marked weight's options and attached form, or nullopt when it is not marked.
+std::optional<Float8Weight> float8_weight_of(const at::Tensor& w);
+// Gives `to` the mark and attached form of `from`, if it has one. Activation checkpointing's
+// recompute runs a block on detached copies of its saved weights (new tensors): without the
+// copy its linears would recompute, and differentiate, in high precision.
+void copy_float8_mark(const at::Tensor& from, const at::Tensor& to);
 
 }  // namespace titan

@@ -35,8 +35,9 @@ struct MetaFlashAttention : torch::autograd::Function<MetaFlashAttention> {
 at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
   // A weight marked by Model::weight() for float8 (core/train/float8_linears.h). Op-level
   // checkpointing is refused with float8 (validate_config), so the tape never sees one.
-  if (std::optional<float8::Options> f8 = float8_options_of(w))
-    return float8::float8_linear(x, w, at::Tensor(), *f8);
+  if (std::optional<Float8Weight> f8 = float8_weight_of(w))
+    return float8::float8_linear(x, w, at::Tensor(), f8->opts,
+                                 f8->pre.data.defined() ? &f8->pre : nullptr);
   return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
 }
 

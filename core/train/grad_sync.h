@@ -20,6 +20,9 @@ class GradSync {
   virtual void reduce_gradients(const std::vector<at::Tensor>& params) = 0;
   // Sums the local squared gradient norm (0-d fp32) over the ranks, in place.
   virtual void reduce_norm_sq(at::Tensor& norm_sq) = 0;
+  // After the optimizer has updated the parameters (in the optimizer phase, captured with
+  // it): FSDP's precomputed float8 scales are taken here (docs/float8.md). Default: nothing.
+  virtual void after_optimizer_step() {}
 };
 
 }  // namespace titan

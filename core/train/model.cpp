@@ -156,6 +156,13 @@ void Model::set_float8(const float8::Options& opts, const std::vector<int64_t>& 
   for (int64_t i : params) float8_.at(static_cast<size_t>(i)) = true;
 }
 
+std::vector<int64_t> Model::float8_params() const {
+  std::vector<int64_t> r;
+  for (size_t i = 0; i < float8_.size(); ++i)
+    if (float8_[i]) r.push_back(static_cast<int64_t>(i));
+  return r;
+}
+
 at::Tensor Model::weight(int64_t i) const {
   at::Tensor w = compute_weight(i);
   if (!float8_.empty() && float8_[static_cast<size_t>(i)]) mark_float8_weight(w, float8_opts_);

@@ -228,6 +228,8 @@ class Model {
   int64_t float8_linears() const {
     return static_cast<int64_t>(std::count(float8_.begin(), float8_.end(), true));
   }
+  // The store indices set_float8 converted, ascending.
+  std::vector<int64_t> float8_params() const;
   // The optimizer has updated the fp32 masters in place. at::_fused_adamw_ does not bump the
   // version counters of the tensors it writes, so without this the compute-dtype casts
   // weight() keeps would go stale and every forward would see the first step's weights.

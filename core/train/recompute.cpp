@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include "core/train/float8_linears.h"
+
 namespace titan {
 
 namespace {
@@ -29,8 +31,10 @@ variable_list rerun_and_grad(const std::function<at::Tensor(const at::Tensor&,
                              const std::vector<at::Tensor>& saved, size_t n_inputs,
                              const at::Tensor& grad_y) {
   std::vector<at::Tensor> inputs;
-  for (size_t i = 0; i < n_inputs; ++i)
+  for (size_t i = 0; i < n_inputs; ++i) {
     inputs.push_back(saved[i].detach().requires_grad_(saved[i].requires_grad()));
+    if (i > 0) copy_float8_mark(saved[i], inputs[i]);  // a float8 linear's weight stays one
+  }
   std::vector<at::Tensor> w(inputs.begin() + 1, inputs.end());
   at::Tensor y;
   {

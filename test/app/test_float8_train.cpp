@@ -140,11 +140,13 @@ TEST_CASE("float8: bad float8 input exits 2 naming the key", "[float8][app]") {
        "one of float8, quantize.linear.float8, quantize.grouped_mm.float8"},
       {"--model.converters float8 --quantize.linear.float8.recipe_name blockwise",
        "quantize.linear.float8.recipe_name", "tensorwise, rowwise, rowwise_with_gw_hp"},
-      {"--model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true",
-       "quantize.linear.float8.enable_fsdp_float8_all_gather", "not implemented yet"},
+      {"--model.converters float8 --quantize.linear.float8.enable_fsdp_float8_all_gather true "
+       "--quantize.linear.float8.recipe_name rowwise",
+       "quantize.linear.float8.enable_fsdp_float8_all_gather", "tensorwise scales only"},
       {"--model.converters quantize.linear.float8 "
        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true",
-       "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "not implemented yet"},
+       "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+       "enable_fsdp_float8_all_gather = true"},
       {"--model.converters quantize.grouped_mm.float8", "model.converters", "no routed experts"},
       {"--model.converters float8 --quantize.linear.float8.recipe_name rowwise_with_gw_hp "
        "--quantize.linear.float8.filter_fqns auto_filter_small_kn",

@@ -301,8 +301,8 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
   };
   std::vector<Case> cases = {
       {"[model]\nconverters = [\"float8\"]\n[quantize.linear.float8]\n"
-       "enable_fsdp_float8_all_gather = true\n",
-       "quantize.linear.float8.enable_fsdp_float8_all_gather", "FSDP all-gather in float8"},
+       "enable_fsdp_float8_all_gather = true\nrecipe_name = \"rowwise\"\n",
+       "quantize.linear.float8.enable_fsdp_float8_all_gather", "tensorwise scales only"},
       {"[model]\nname = \"deepseek_v3\"\nconverters = [\"quantize.grouped_mm.float8\"]\n"
        "[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n[parallelism]\n"
        "tensor_parallel_degree = 2\nexpert_tensor_parallel_degree = 2\n",
@@ -431,8 +431,8 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
 }
 
 TEST_CASE(
-    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B and 17Bx128E "
-    "get past TP and async TP and name float8 all-gather; 17Bx128E's pipeline plans",
+    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B gets past async "
+    "TP and the float8 all-gather and names float8 linears with TP; 17Bx128E's pipeline plans",
     "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
@@ -445,8 +445,8 @@ TEST_CASE(
   auto a = parse({"--config", dir + "llama4_17bx16e.toml"});
   CHECK(a.cfg.parallelism.tensor_parallel_degree == 8);
   CHECK(a.cfg.parallelism.expert_tensor_parallel_degree == 8);
-  // Async TP runs; what 405B asks for beside it is float8 all-gather (and float8 linears
-  // under tp > 1): without float8, 405B loads with async TP on.
+  // Async TP and the FSDP float8 all-gather run; what 405B asks for beside them is float8
+  // linears under tp > 1: without float8, 405B loads with async TP on.
   test::TempDir tmp("tt405");
   const std::string no_f8ag =
       std::regex_replace(test::read_file(dir + "llama3_405b.toml"),
@@ -463,8 +463,7 @@ TEST_CASE(
     std::string file, key, feature;
   };
   const std::vector<Case> cases = {
-      {dir + "llama3_405b.toml", "quantize.linear.float8.enable_fsdp_float8_all_gather",
-       "FSDP all-gather in float8"},
+      {dir + "llama3_405b.toml", "parallelism.tensor_parallel_degree = 8", "float8 linears"},
   };
   for (const Case& c : cases) {
     auto r = titan_run("--config " + c.file + " --dump-config");
@@ -473,7 +472,7 @@ TEST_CASE(
     CHECK_THAT(r.out, Contains(c.key) && Contains(c.feature) &&
                           (Contains("titan-train does not support yet") ||
                            Contains("is not implemented yet") || Contains("is not allowed")));
-    CHECK_THAT(r.out, !Contains("tensor_parallel_degree = 8"));
+    CHECK_THAT(r.out, !Contains("enable_fsdp_float8_all_gather"));
   }
   // 17Bx128E gets past the pipeline keys: --dump-config loads it, its layout (PP 4 x FSDP 8
   // x TP 8 with expert TP 8) passes the checks of a 256-rank world, estimate plans it there,

@@ -219,3 +219,36 @@ TEST_CASE("float8 linear: any leading dims, and a bias added after the float8 GE
     CHECK(at::equal(f8::float8_linear(in.x, in.w, bias, o), y3 + bias));
   }
 }
+
+// FSDP's float8 all-gather (docs/float8.md) hands the op w already cast: e4m3 data and its
+// tensorwise scale, with a stand-in for w (its shape and dtype, one aliased zero) that only
+// receives dw. Reference: the op casting w itself. Tolerance: bit for bit (the same cast of
+// the same values with the same scale, then the same GEMMs), output and both gradients.
+TEST_CASE("float8 linear: a pre-cast tensorwise weight equals the op's own cast bit for bit",
+          "[float8]") {
+  const Inputs in = make_inputs();
+  for (const bool emulate : {false, true})
+    for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+      INFO((emulate ? "emulated " : "scaled_mm ") << dt);
+      const f8::Options o{f8::Recipe::Tensorwise, emulate};
+      const Result ref = run_ours(in, dt, {f8::Recipe::Tensorwise, emulate});
+      // The cast FSDP makes from the fp32 master: here from the weight in dt, as the op does.
+      const f8::Quantized w8 = f8::quantize(in.w.to(dt), at::kFloat8_e4m3fn, false, 0, false);
+      at::Tensor one = at::zeros({1}, at::TensorOptions().dtype(dt));
+      at::Tensor standin = at::empty({0}, one.options());
+      standin.set_(one.storage(), 0, {N, K}, {0, 0});
+      standin.requires_grad_(true);
+      at::Tensor x = in.x.to(dt).clone().requires_grad_(true);
+      at::Tensor y = f8::float8_linear(x, standin, at::Tensor(), o, &w8);
+      y.backward(in.go.to(dt));
+      CHECK(max_abs_diff(y.detach(), ref.out) == 0);
+      CHECK(max_abs_diff(x.grad(), ref.grad_x) == 0);
+      REQUIRE(standin.grad().defined());
+      CHECK(standin.grad().sizes() == at::IntArrayRef({N, K}));
+      CHECK(max_abs_diff(standin.grad(), ref.grad_w) == 0);
+    }
+  // Other recipes cast w per row and per GEMM: a pre-cast weight is an internal error there.
+  const f8::Quantized w8 = f8::quantize(in.w, at::kFloat8_e4m3fn, false, 0, false);
+  CHECK_THROWS_WITH(f8::float8_linear(in.x, in.w, at::Tensor(), {f8::Recipe::Rowwise, true}, &w8),
+                    Catch::Matchers::Contains("tensorwise"));
+}
