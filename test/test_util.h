@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -171,6 +173,20 @@ inline std::string shell_quote(const std::string& s) {
   std::string r = "'";
   for (char c : s) r += (c == '\'') ? std::string("'\\''") : std::string(1, c);
   return r + "'";
+}
+
+// The largest relative differences of loss and of grad norm between two runs' metrics, over
+// the steps of `a` (each must be in `b`): any step struct with `loss` and `grad_norm`.
+template <class Step>
+std::pair<double, double> worst_rel(const std::map<int64_t, Step>& a,
+                                    const std::map<int64_t, Step>& b) {
+  double loss = 0, norm = 0;
+  for (auto& [step, s] : a) {
+    const Step& t = b.at(step);
+    loss = std::max(loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
+    norm = std::max(norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
+  }
+  return {loss, norm};
 }
 
 }  // namespace titan::test

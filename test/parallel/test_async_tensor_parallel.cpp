@@ -115,17 +115,7 @@ std::map<int64_t, Step> metrics(const std::string& file) {
   return out;
 }
 
-// Max relative differences of loss and grad norm, step by step.
-std::pair<double, double> worst_rel(const std::map<int64_t, Step>& a,
-                                    const std::map<int64_t, Step>& b) {
-  double loss = 0, norm = 0;
-  for (auto& [step, s] : a) {
-    const Step& t = b.at(step);
-    loss = std::max(loss, std::abs(s.loss - t.loss) / std::abs(s.loss));
-    norm = std::max(norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
-  }
-  return {loss, norm};
-}
+using test::worst_rel;
 
 double total_wait(const std::map<int64_t, Step>& m) {
   double w = 0;
