@@ -639,17 +639,19 @@ void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const Pipe
     const double busy = static_cast<double>(plan.timeline.busy[static_cast<size_t>(r)]);
     const double stretch = busy > 0 ? static_cast<double>(plan.timeline.makespan) / busy : 1.0;
     const double t = compute[static_cast<size_t>(r)] * stretch + sent[static_cast<size_t>(r)] / bw;
-    std::printf("  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s -> "
-                "%.4g s\n",
-                static_cast<long long>(r), compute[static_cast<size_t>(r)], stretch,
-                sent[static_cast<size_t>(r)] / bw, t);
+    std::printf(
+        "  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s -> "
+        "%.4g s\n",
+        static_cast<long long>(r), compute[static_cast<size_t>(r)], stretch,
+        sent[static_cast<size_t>(r)] / bw, t);
     step = std::max(step, t);
   }
   const double rank_flops =
       fpt * mb_tokens * runs / static_cast<double>(tp * pp);  // the model's work, shared
-  std::printf("step time: %.4g s (the slowest pipeline rank); MFU %.1f%% (assumed: follows from "
-              "the assumed efficiency %.0f%% and the schedule's bubble, not measured)\n",
-              step, 100.0 * rank_flops / (step * g.peak_flops), 100 * g.efficiency);
+  std::printf(
+      "step time: %.4g s (the slowest pipeline rank); MFU %.1f%% (assumed: follows from "
+      "the assumed efficiency %.0f%% and the schedule's bubble, not measured)\n",
+      step, 100.0 * rank_flops / (step * g.peak_flops), 100 * g.efficiency);
 }
 
 // Under pipeline parallelism: the schedule's bubble, the point-to-point bytes of a step and

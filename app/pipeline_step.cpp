@@ -46,8 +46,7 @@ at::Tensor PipelineTraining::eval_loss_sum(const MicroBatch& batch) {
   }
   std::vector<MicroBatch> pieces;
   for (int64_t k = 0; k < n; ++k)
-    pieces.push_back(
-        {batch.tokens.narrow(0, k * mbs, mbs), batch.labels.narrow(0, k * mbs, mbs)});
+    pieces.push_back({batch.tokens.narrow(0, k * mbs, mbs), batch.labels.narrow(0, k * mbs, mbs)});
   return eval_runner_->run(pieces, /*global_tokens=*/1.0, /*aux_div=*/1.0);
 }
 

@@ -46,8 +46,7 @@ class PipelineTraining : public StepPhases {
   // StepPhases, for the capture check and the CUDA graphs (app/compiled_step.h): the schedule
   // over every micro-batch (the loss share); the data-parallel gradient reduction; the norm
   // over every stage, clipping, AdamW and the post-step update (the global norm).
-  at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
-                              const StepOptions& o) override;
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro, const StepOptions& o) override;
   void reduce_gradients() override;
   at::Tensor optimizer(const StepOptions& o) override;
   // Validation: the summed token loss of `batch` (validation.local_batch_size sequences, cut
@@ -86,7 +85,7 @@ class PipelineTraining : public StepPhases {
   std::vector<int64_t> params_;
   AdamW* opt_ = nullptr;
   GradSync* sync_ = nullptr;
-  std::vector<at::Tensor> mine() const;  // this rank's parameters, in params_' order
+  std::vector<at::Tensor> mine() const;   // this rank's parameters, in params_' order
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
 };
 

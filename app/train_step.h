@@ -89,8 +89,7 @@ class PlainStepPhases : public StepPhases {
  public:
   PlainStepPhases(Model& model, AdamW& opt, GradSync* sync)
       : model_(model), opt_(opt), sync_(sync) {}
-  at::Tensor forward_backward(const std::vector<MicroBatch>& micro,
-                              const StepOptions& o) override {
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro, const StepOptions& o) override {
     return titan::forward_backward(model_, micro, o, sync_);
   }
   void reduce_gradients() override { titan::reduce_gradients(model_, sync_); }

@@ -607,7 +607,7 @@ HfImportStats import_hf(const HfImportTargets& targets, const std::vector<HfTens
   at::NoGradGuard ng;
   for (size_t i = 0; i < map.size(); ++i) {
     const HfImportTarget& t = *ours[i];
-    if (t.dst.is_meta()) continue;  // another pipeline stage's
+    if (t.dst.is_meta()) continue;                        // another pipeline stage's
     if (t.dst.dim() > 0 && t.dst.size(0) == 0) continue;  // this rank holds none of its rows
     at::Tensor dst = t.dst;
     dst.copy_(read_target_rows(folder, map[i], t, stats.bytes_read));

@@ -580,7 +580,7 @@ void FullyShardedDataParallel::alias_full(Unit& u) {
     at::Tensor a = at::empty({0}, t.options().requires_grad(false));
     a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
     copy_float8_mark(t, a);  // a float8-gathered weight's stand-in: its e4m3 form goes along
-    t = a;  // the earlier forward's tensor lives on in its own autograd graph
+    t = a;                   // the earlier forward's tensor lives on in its own autograd graph
   }
   u.handed.assign(u.params.size(), false);
 }

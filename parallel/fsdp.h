@@ -135,7 +135,7 @@ class FullyShardedDataParallel : public GradSync {
   // unit's weights are consecutive slots. The buffer is written in place, so a captured
   // optimizer step and forward read and write the same memory every replay.
   std::vector<int64_t> f8_order_;
-  at::Tensor f8_scales_;                  // (slots) fp32
+  at::Tensor f8_scales_;  // (slots) fp32
 };
 
 // Bytes of parameters and AdamW state held by this rank (what sharding divides).

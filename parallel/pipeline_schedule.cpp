@@ -366,8 +366,8 @@ PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64
   return s;
 }
 
-PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank,
-                                       int64_t num_ranks, int64_t num_microbatches) {
+PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank, int64_t num_ranks,
+                                       int64_t num_microbatches) {
   PipelineSchedule sc;
   sc.name = "forward-only";
   sc.num_ranks = num_ranks;
@@ -559,10 +559,14 @@ void check_structure(const PipelineSchedule& sc, Problems& pr) {
       const std::string fwd_only = "a forward-only schedule sends no gradient";
       expect(ActionType::kSendF, s, j, to_next, to_next ? next : local);
       expect(ActionType::kRecvB, s, j, to_next && !sc.forward_only,
-             sc.forward_only ? fwd_only : to_next ? next : local);
+             sc.forward_only ? fwd_only
+             : to_next       ? next
+                             : local);
       expect(ActionType::kRecvF, s, j, to_prev, to_prev ? prev : local);
       expect(ActionType::kSendB, s, j, to_prev && !sc.forward_only,
-             sc.forward_only ? fwd_only : to_prev ? prev : local);
+             sc.forward_only ? fwd_only
+             : to_prev       ? prev
+                             : local);
     }
   }
 }

@@ -100,8 +100,8 @@ PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64
 
 // The forwards alone, for evaluation: each rank runs its stages in order, every micro-batch
 // of a stage before the next stage (GPipe's forward half), `stage_to_rank` as training's.
-PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank,
-                                       int64_t num_ranks, int64_t num_microbatches);
+PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank, int64_t num_ranks,
+                                       int64_t num_microbatches);
 
 // Lowers a compute-only schedule: a SEND right after each compute whose consumer lives on
 // another rank, the matching RECV right before that consumer. Stages adjacent on one rank

@@ -689,16 +689,17 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
   // FSDP of the stages keeps a stage's weights gathered through the step (each micro-batch's
   // forward uses them): resharding after every forward would gather once per micro-batch.
   if (derive_config(cfg, world_size).dp_shard > 1 && p.fsdp_reshard_after_forward == "always")
-    throw UserError(head + " with parallelism.fsdp_reshard_after_forward = \"always\" and a "
+    throw UserError(head +
+                    " with parallelism.fsdp_reshard_after_forward = \"always\" and a "
                     "sharded data-parallel dimension: not implemented (each stage's weights are "
                     "gathered once per step under pipeline parallelism); allowed: \"default\" "
                     "or \"never\"");
   const int64_t mbs = p.pipeline_parallel_microbatch_size;
   if (cfg.validation.enable && cfg.validation.local_batch_size % mbs != 0)
-    throw UserError("validation.local_batch_size = " +
-                    std::to_string(cfg.validation.local_batch_size) + " with " + head +
-                    " is not a multiple of parallelism.pipeline_parallel_microbatch_size = " +
-                    std::to_string(mbs) + "; allowed: a multiple of it");
+    throw UserError(
+        "validation.local_batch_size = " + std::to_string(cfg.validation.local_batch_size) +
+        " with " + head + " is not a multiple of parallelism.pipeline_parallel_microbatch_size = " +
+        std::to_string(mbs) + "; allowed: a multiple of it");
   struct Refused {
     bool on;
     const char* key;

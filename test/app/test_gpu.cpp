@@ -292,7 +292,7 @@ TEST_CASE("gpu: captured FSDP and static expert exchange over one-rank NCCL equa
       INFO("eager:    " << ce << "\ncaptured: " << cc);
       CHECK_FALSE(ce.empty());
       CHECK_THAT(ce, Contains(std::string(c.name).rfind("fsdp", 0) == 0 ? "reduce-scatter"
-                                                                         : "all-to-all"));
+                                                                        : "all-to-all"));
       CHECK(cc == ce);
     }
   }

@@ -111,8 +111,9 @@ TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
                         Contains("MiB for the whole model (ratio 0.5"));
 }
 
-TEST_CASE("pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, accumulation and AC",
-          "[pp][dist][app]") {
+TEST_CASE(
+    "pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, accumulation and AC",
+    "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
   // llama4 torchtitan 17Bx128E's composition in small: PP 2 x FSDP 2 x TP 2 with expert TP
@@ -129,9 +130,10 @@ TEST_CASE("pp: llama4, deepseek_v3, PP 4, and PP 2 with DDP, FSDP, HSDP and TP, 
        {4, "--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2"}});
   // Float8 linears (tensorwise): a scale is the amax of one micro-batch's activations, so the
   // reference accumulates micro-batches of 1 sequence as the pipeline runs them.
-  check_layouts("--model.converters float8 --training.local_batch_size 1 "
-                "--training.global_batch_size 4",
-                {{2, "--training.local_batch_size 4"}});
+  check_layouts(
+      "--model.converters float8 --training.local_batch_size 1 "
+      "--training.global_batch_size 4",
+      {{2, "--training.local_batch_size 4"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
   // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
@@ -220,21 +222,23 @@ TEST_CASE("pp: the CPU capture check passes under pipeline parallelism and chang
   auto c = train(2, f32 + inter + "--compile.enable true", checked.path.string());
   INFO(c.out);
   REQUIRE(c.rc == 0);
-  CHECK_THAT(c.out, Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
+  CHECK_THAT(c.out,
+             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
   CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
   // The check can fail under PP: a planted host read of the last stage's loss exits 2.
   test::TempDir planted("pp_cc_planted");
-  auto bad = test::run("cd " + test::source_dir() + " && TITAN_PLANT_ERROR=host_read " +
-                       test::torchrun() + " --standalone --nproc_per_node 2 --no-python " +
-                       test::binary() + " " + kCommon + inter + "--compile.enable true " +
-                       "--job.dump_folder " + planted.path.string());
+  auto bad =
+      test::run("cd " + test::source_dir() + " && TITAN_PLANT_ERROR=host_read " + test::torchrun() +
+                " --standalone --nproc_per_node 2 --no-python " + test::binary() + " " + kCommon +
+                inter + "--compile.enable true " + "--job.dump_folder " + planted.path.string());
   INFO(bad.out);
   CHECK(bad.rc != 0);
   CHECK_THAT(bad.out, Contains("aten::item in output: reads a device value on the host"));
   for (const std::string& layout :
        {pp + "--training.global_batch_size 8 --parallelism.pipeline_parallel_schedule GPipe",
-        pp + "--parallelism.tensor_parallel_degree 2 --model.name llama4 "
-             "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
+        pp +
+            "--parallelism.tensor_parallel_degree 2 --model.name llama4 "
+            "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " +
             kTwoPerRank}) {
     test::TempDir dir("pp_cc4");
     auto r = train(4, layout + " --compile.enable true", dir.path.string());
@@ -290,9 +294,10 @@ TEST_CASE("pp: validation runs the stages' forwards and scores as without the pi
       worst = std::max(worst, std::abs(b.at(step).first - x.first) / x.first);
     }
   }
-  WARN("validation under PP 2 vs 1 rank and PP 2 x FSDP 2 vs FSDP 2: max relative loss "
-       "difference "
-       << worst);
+  WARN(
+      "validation under PP 2 vs 1 rank and PP 2 x FSDP 2 vs FSDP 2: max relative loss "
+      "difference "
+      << worst);
   CHECK(worst < 1e-5);
 }
 
@@ -328,7 +333,8 @@ TEST_CASE("pp: Hugging Face export and import under PP 2 x FSDP 2 match one proc
   for (auto& [name, t] : a) {
     INFO(name);
     REQUIRE(b.count(name) == 1);
-    worst = std::max(worst, (b.at(name).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>());
+    worst = std::max(worst,
+                     (b.at(name).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>());
   }
   WARN("HF export, PP 2 x FSDP 2 vs 1 process: max abs difference " << worst);
   CHECK(worst < 1e-4);
@@ -392,7 +398,8 @@ TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
   // (both shards of each stage write their rows), each resumed on 1 rank; the FSDP one also
   // on PP 4, and 1 rank's step 2 on PP 2 x FSDP 2.
   const std::string b8 = flags + "--training.global_batch_size 8 ";
-  const std::string pp2 = b8 + pp + "2", ddp = pp2 + " --parallelism.data_parallel_replicate_degree 2";
+  const std::string pp2 = b8 + pp + "2",
+                    ddp = pp2 + " --parallelism.data_parallel_replicate_degree 2";
   test::TempDir one8("pp_ck8");
   auto r8 = train(1, b8, one8.path.string());
   INFO(r8.out);

@@ -273,8 +273,7 @@ TEST_CASE("pp: the CSV round-trips", "[pp]") {
     CHECK(parse_action(a, "test").str() == a);
 }
 
-TEST_CASE("pp: the forward-only schedule (validation) passes the check, backwards do not",
-          "[pp]") {
+TEST_CASE("pp: the forward-only schedule (validation) passes the check, backwards do not", "[pp]") {
   // Loop placement with 2 stages per rank, and the V: every forward once, activations sent
   // down the stages, no gradient transfer, no deadlock.
   for (bool v : {false, true}) {
