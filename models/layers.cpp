@@ -1,6 +1,7 @@
 #include "models/layers.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/kernels/ops.h"
 #include "core/train/capture_check.h"
@@ -53,17 +54,31 @@ RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t 
   return {rope.cos.index_select(0, pos), rope.sin.index_select(0, pos)};
 }
 
-// Context parallel: this rank's queries against every rank's keys and values. The mask
-// compares global positions, so the head and tail chunks each see exactly their causal
-// prefix. masked_sdpa is not on the op-checkpointing tape: op-level checkpointing recomputes
-// this attention rather than saving it.
+// Context parallel: this rank's queries against every rank's keys and values. The gathered
+// keys are put in global order, and each of the rank's chunks (head and tail) attends only
+// its causal prefix, the keys before its end, under a mask that is causal on the chunk's own
+// block: the scores past a chunk's end, all masked, are never computed, so the head-tail
+// balancer evens the work actually done (docs/distributed.md, "Context parallel").
+// masked_sdpa is not on the op-checkpointing tape: op-level checkpointing recomputes this
+// attention rather than saving it.
 static at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale, const ContextParallel& cp) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
-  at::Tensor kg = cp.gather_kv(k), vg = cp.gather_kv(v);  // (B, T * cp, Hkv, D)
-  at::Tensor mask = cp.causal_mask(T, q.device());        // (T, T * cp)
-  at::Tensor o = masked_sdpa(q.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), mask, scale,
-                             /*enable_gqa=*/Hkv != H);
+  // (B, Hkv, T * cp, D), global order.
+  at::Tensor kg = cp.to_global_order(cp.gather_kv(k)).transpose(1, 2);
+  at::Tensor vg = cp.to_global_order(cp.gather_kv(v)).transpose(1, 2);
+  at::Tensor qt = q.transpose(1, 2);  // (B, H, T, D)
+  const std::vector<CpChunk> chunks = cp.chunks(T);
+  std::vector<at::Tensor> outs;
+  outs.reserve(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const CpChunk& c = chunks[i];
+    const int64_t keys = c.global + c.len;
+    outs.push_back(masked_sdpa(qt.narrow(2, c.local, c.len), kg.narrow(2, 0, keys),
+                               vg.narrow(2, 0, keys), cp.chunk_mask(T, i, q.device()), scale,
+                               /*enable_gqa=*/Hkv != H));
+  }
+  at::Tensor o = outs.size() == 1 ? outs.front() : at::cat(outs, 2);  // (B, H, T, Dv)
   return o.transpose(1, 2).reshape({B, T, H * v.size(3)});
 }
 

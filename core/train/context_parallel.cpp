@@ -25,6 +25,22 @@ int64_t cp_causal_pairs(int64_t T, int64_t cp, int64_t rank, CpBalancer b) {
   return pairs;
 }
 
+std::vector<CpChunk> cp_chunks(int64_t T, int64_t cp, int64_t rank, CpBalancer b) {
+  const int64_t chunks = b == CpBalancer::HeadTail ? 2 * cp : cp;
+  TORCH_CHECK(cp >= 1 && rank >= 0 && rank < cp && T % chunks == 0, "context parallel: ", T,
+              " tokens do not split into ", chunks, " chunks");
+  const int64_t c = T / chunks;
+  std::vector<CpChunk> out{{0, rank * c, c}};
+  if (b == CpBalancer::HeadTail) out.push_back({c, (2 * cp - 1 - rank) * c, c});
+  return out;
+}
+
+int64_t cp_computed_pairs(int64_t T, int64_t cp, int64_t rank, CpBalancer b) {
+  int64_t pairs = 0;
+  for (const CpChunk& k : cp_chunks(T, cp, rank, b)) pairs += k.len * (k.global + k.len);
+  return pairs;
+}
+
 namespace {
 
 // Every rank's positions in rank order: the gathered keys' global positions, (T).
@@ -55,6 +71,11 @@ const at::Tensor& ContextParallel::cached(const std::string& kind, int64_t local
     at::Tensor q = cached("positions", local, device);
     at::Tensor k = to_tensor(gathered_positions(T, size(), balancer_), device);
     t = q.unsqueeze(1).ge(k.unsqueeze(0));  // (T/cp, T)
+  } else if (kind.rfind("chunk", 0) == 0) {  // "chunk<i>": chunk i's (len, global + len) mask
+    const CpChunk k = chunks(local).at(std::stoul(kind.substr(5)));
+    at::Tensor q = at::arange(k.global, k.global + k.len, at::TensorOptions().dtype(at::kLong));
+    at::Tensor keys = at::arange(k.global + k.len, at::TensorOptions().dtype(at::kLong));
+    t = q.unsqueeze(1).ge(keys.unsqueeze(0)).to(device);
   } else {  // "order": where global position p sits among the gathered tokens
     std::vector<int64_t> g = gathered_positions(T, size(), balancer_), inv(g.size());
     for (size_t j = 0; j < g.size(); ++j) inv[static_cast<size_t>(g[j])] = static_cast<int64_t>(j);
@@ -75,6 +96,20 @@ at::Tensor ContextParallel::positions(int64_t local, at::Device device) const {
 
 at::Tensor ContextParallel::causal_mask(int64_t local, at::Device device) const {
   return cached("mask", local, device);
+}
+
+std::vector<CpChunk> ContextParallel::chunks(int64_t local) const {
+  return cp_chunks(local * size(), size(), rank(), balancer_);
+}
+
+at::Tensor ContextParallel::chunk_mask(int64_t local, size_t i, at::Device device) const {
+  return cached("chunk" + std::to_string(i), local, device);
+}
+
+at::Tensor ContextParallel::to_global_order(const at::Tensor& gathered) const {
+  TORCH_CHECK(gathered.size(1) % size() == 0, "context parallel: ", gathered.size(1),
+              " gathered tokens over ", size(), " ranks");
+  return gathered.index_select(1, cached("order", gathered.size(1) / size(), gathered.device()));
 }
 
 at::Tensor ContextParallel::unshard(const at::Tensor& x) const {

@@ -35,6 +35,19 @@ std::vector<int64_t> cp_positions(int64_t T, int64_t cp, int64_t rank, CpBalance
 // work), for tests and the balancer's promise.
 int64_t cp_causal_pairs(int64_t T, int64_t cp, int64_t rank, CpBalancer b);
 
+// A run of consecutive global positions among a rank's tokens: local rows [local, local +
+// len) hold global positions [global, global + len). Its queries attend only the keys at
+// global positions below global + len, so attention runs on that key prefix (causal within
+// the chunk's own block) and never computes the fully masked rest.
+struct CpChunk {
+  int64_t local = 0, global = 0, len = 0;
+};
+// Rank `rank`'s chunks in the order it holds them: head and tail (head-tail), or one (none).
+std::vector<CpChunk> cp_chunks(int64_t T, int64_t cp, int64_t rank, CpBalancer b);
+// The query-key scores rank `rank` computes with chunked attention: len x (global + len)
+// per chunk (the masked part of each chunk's diagonal block included).
+int64_t cp_computed_pairs(int64_t T, int64_t cp, int64_t rank, CpBalancer b);
+
 class ContextParallel {
  public:
   // `seq`: the sequence collectives over the cp ranks (all-gather along dim 1 in rank order,
@@ -54,6 +67,14 @@ class ContextParallel {
   // (T/cp, T) bool, true where this rank's query i may attend gathered key j (global
   // position of j <= that of i).
   at::Tensor causal_mask(int64_t local, at::Device device) const;
+  // This rank's chunks for a local length `local` (cp_chunks).
+  std::vector<CpChunk> chunks(int64_t local) const;
+  // (len, global + len) bool for chunk `i` of chunks(local): query row q may attend key
+  // position k of the prefix when k <= global + q.
+  at::Tensor chunk_mask(int64_t local, size_t i, at::Device device) const;
+  // Gathered keys or values (B, T, ...) in rank order -> global position order, with
+  // autograd (the gradient goes back to rank order).
+  at::Tensor to_global_order(const at::Tensor& gathered) const;
   // (B, T/cp, ...) on every rank -> (B, T, ...) in global order, no autograd (logits).
   at::Tensor unshard(const at::Tensor& x) const;
 

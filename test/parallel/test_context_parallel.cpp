@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/train/context_parallel.h"
+#include "models/layers.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -92,6 +93,65 @@ TEST_CASE("context parallel: head-tail slices cover the sequence once and balanc
     at::Tensor toks = at::arange(64).view({1, 64});
     CHECK(at::equal(cp.shard(toks).view({-1}),
                     at::tensor(cp_positions(64, 2, r, CpBalancer::HeadTail))));
+  }
+}
+
+// A cp group without peers: the "gathered" keys and values are the whole sequence's, in
+// rank order, which the test hands over (cp_attention gathers the keys, then the values).
+struct KeysThenValues : TensorParallelComm {
+  int64_t r, n, calls = 0;
+  at::Tensor k, v;  // (B, T, Hkv, D) in rank order
+  KeysThenValues(int64_t rank, int64_t size) : r(rank), n(size) {}
+  int64_t size() const override { return n; }
+  int64_t rank() const override { return r; }
+  at::Tensor gather_seq(const at::Tensor&) override { return calls++ % 2 ? v : k; }
+  at::Tensor reduce_scatter_seq(const at::Tensor& x) override { return x; }
+  void allreduce(at::Tensor&, bool) override {}
+  at::Tensor gather_last(const at::Tensor& x) override { return x; }
+};
+
+TEST_CASE("context parallel: chunked attention computes only causal prefixes and equals SDPA",
+          "[cp]") {
+  // Work: a chunk of len c at global start g scores c x (g + c) pairs. Head-tail evens it
+  // (c^2 (2C + 1) per rank), contiguous chunks do not, and both compute less than the
+  // (T/C) x T scores of one masked attention over every gathered key.
+  for (int64_t C : {2, 4}) {
+    const int64_t T = 64 * C, c = T / (2 * C);
+    std::vector<int64_t> ht, none;
+    for (int64_t r = 0; r < C; ++r) {
+      ht.push_back(cp_computed_pairs(T, C, r, CpBalancer::HeadTail));
+      none.push_back(cp_computed_pairs(T, C, r, CpBalancer::None));
+    }
+    INFO("cp " << C);
+    for (int64_t w : ht) CHECK(w == c * c * (2 * C + 1));
+    CHECK(none.back() == 2 * c * T);  // the last contiguous chunk: (T/C) x T
+    CHECK(none.front() == (2 * c) * (2 * c));
+    CHECK(*std::max_element(ht.begin(), ht.end()) < (T / C) * T);
+  }
+  // Numerics (fp32, GQA): each rank's output rows equal one process's causal SDPA at the
+  // rank's global positions, to 1e-5.
+  at::manual_seed(3);
+  const int64_t B = 2, T = 64, H = 4, Hkv = 2, D = 8, C = 2;
+  at::Tensor q = at::randn({B, T, H, D}), k = at::randn({B, T, Hkv, D}),
+             v = at::randn({B, T, Hkv, D});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  at::Tensor ref = causal_attention(q, k, v, scale);  // (B, T, H * D)
+  for (CpBalancer b : {CpBalancer::HeadTail, CpBalancer::None}) {
+    std::vector<int64_t> order;
+    for (int64_t r = 0; r < C; ++r)
+      for (int64_t p : cp_positions(T, C, r, b)) order.push_back(p);
+    const at::Tensor rank_order = at::tensor(order);
+    for (int64_t r = 0; r < C; ++r) {
+      auto comm = std::make_shared<KeysThenValues>(r, C);
+      comm->k = k.index_select(1, rank_order);
+      comm->v = v.index_select(1, rank_order);
+      ContextParallel cp(comm, b);
+      const at::Tensor pos = at::tensor(cp_positions(T, C, r, b));
+      at::Tensor out = causal_attention(q.index_select(1, pos), k.index_select(1, pos),
+                                        v.index_select(1, pos), scale, &cp);
+      INFO("rank " << r << (b == CpBalancer::HeadTail ? " head-tail" : " none"));
+      CHECK((out - ref.index_select(1, pos)).abs().max().item<double>() < 1e-5);
+    }
   }
 }
 
