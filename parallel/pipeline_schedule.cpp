@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -281,6 +282,73 @@ Ops zbv_ops(int64_t rank, int64_t p, int64_t m) {
   return kept;
 }
 
+// ScheduleDualPipeV._calculate_single_rank_operations (PyTorch 2.11), on the V layout: rank r
+// holds chunk 0 (stage r) and chunk 1 (stage 2p-1-r), m >= 2p micro-batches. Its overlapped
+// "forward of one chunk + full backward of the other" pairs are written as the forward then
+// the full backward (B): the runner runs them one after the other on one stream, and a B
+// here stands for an I and a W of the same micro-batch. The I's of the ramp-up and ramp-down
+// phases queue their W, which later slots take oldest first.
+Ops dualpipev_ops(int64_t rank, int64_t p, int64_t m) {
+  const int64_t c0 = rank, c1 = 2 * p - 1 - rank;
+  std::map<int64_t, int64_t> next_f, next_b, next_w;  // per stage: the next micro-batch
+  std::deque<std::pair<int64_t, int64_t>> pending_w;  // (stage, micro-batch) of queued W's
+  Ops ops;
+  auto forward = [&](int64_t s) { ops.push_back(act(s, ActionType::kForward, next_f[s]++)); };
+  auto full = [&](int64_t s) {
+    ops.push_back(act(s, ActionType::kBackward, next_b[s]++));
+    ++next_w[s];
+  };
+  auto input = [&](int64_t s) {
+    pending_w.emplace_back(s, next_b[s]);
+    ops.push_back(act(s, ActionType::kBackwardInput, next_b[s]++));
+  };
+  auto weight = [&]() {
+    if (pending_w.empty()) return;
+    const auto [s, j] = pending_w.front();
+    pending_w.pop_front();
+    ops.push_back(act(s, ActionType::kBackwardWeight, j));
+    ++next_w[s];
+  };
+  for (int64_t i = 0; i < 2 * (p - rank - 1); ++i) forward(c0);  // 1: F0
+  for (int64_t i = 0; i < rank + 1; ++i) {                        // 2: F0 F1
+    forward(c0);
+    forward(c1);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 3: I1 W F1
+    input(c1);
+    weight();
+    forward(c1);
+  }
+  for (int64_t i = 0; i < m - 2 * p + rank + 1; ++i) {  // 4: (F0 B1) (F1 B0)
+    forward(c0);
+    full(c1);
+    forward(c1);
+    full(c0);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 5: B1 (F1 B0)
+    full(c1);
+    forward(c1);
+    full(c0);
+  }
+  bool zero_bubble = false;  // 6: B1 B0, the second half as I's
+  const int64_t step6 = rank + 1;
+  for (int64_t i = 0; i < step6; ++i) {
+    if (i == step6 / 2 && rank % 2 == 1) zero_bubble = true;
+    zero_bubble ? input(c1) : full(c1);
+    if (i == step6 / 2 && rank % 2 == 0) zero_bubble = true;
+    zero_bubble ? input(c0) : full(c0);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 7: W B0
+    weight();
+    zero_bubble ? input(c0) : full(c0);
+  }
+  while (!pending_w.empty()) weight();  // 8: the W's left
+  TORCH_CHECK(next_f[c0] == m && next_f[c1] == m && next_b[c0] == m && next_b[c1] == m &&
+                  next_w[c0] == m && next_w[c1] == m,
+              "DualPipeV generator lost an action");
+  return ops;
+}
+
 void check_schedule_size(const ScheduleInfo& info, int64_t p, int64_t v, int64_t m) {
   const std::string name = std::string(kScheduleKey) + " = " + info.name;
   if (p < 1)
@@ -310,9 +378,10 @@ void check_schedule_size(const ScheduleInfo& info, int64_t p, int64_t v, int64_t
           "(max(1, micro-batches / pipeline_parallel_degree) = " + std::to_string(rounds) +
           "), but there are " + std::to_string(m) + "; change " + kMicrobatchKey);
   }
-  if (info.kind == ScheduleKind::kDualPipeV)
-    throw UserError(name + ": DualPipeV is not generated yet (issue 29); use ZBVZeroBubble, " +
-                    "which has the same V stage layout, or a schedule CSV");
+  if (info.kind == ScheduleKind::kDualPipeV && m < 2 * p)
+    throw UserError(name + " needs at least as many micro-batches as stages: " + std::to_string(m) +
+                    " micro-batches for " + std::to_string(2 * p) + " stages; lower " +
+                    kMicrobatchKey);
 }
 
 }  // namespace
@@ -360,7 +429,8 @@ PipelineSchedule make_schedule(const std::string& name, int64_t num_ranks, int64
         s.ranks.push_back(zbv_ops(r, p, m));
         break;
       case ScheduleKind::kDualPipeV:
-        break;  // refused above
+        s.ranks.push_back(dualpipev_ops(r, p, m));
+        break;
     }
   }
   return s;

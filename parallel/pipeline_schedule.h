@@ -10,7 +10,8 @@
 // Generators follow PyTorch 2.11's schedules (torchtitan 0.2.2 uses them unchanged):
 // GPipe and 1F1B as their single-stage runtimes execute them, LoopedBFS, Interleaved1F1B,
 // InterleavedZeroBubble and ZBVZeroBubble as their _calculate_single_rank_operations
-// order them. DualPipeV is recognised (for the V stage layout) but not generated yet.
+// order them. DualPipeV's overlapped forward + backward pairs are written as the forward,
+// then the full backward.
 #pragma once
 
 #include <cstdint>

@@ -27,8 +27,9 @@ declare -A layouts=(
   [interleaved]="$pp --parallelism.pipeline_parallel_schedule Interleaved1F1B $two"
   [izb]="$pp --parallelism.pipeline_parallel_schedule InterleavedZeroBubble $two"
   [zbv]="$pp --parallelism.pipeline_parallel_schedule ZBVZeroBubble $two"
+  [dualpipev]="$pp --parallelism.pipeline_parallel_schedule DualPipeV $two"
 )
-order="fsdp2 gpipe 1f1b interleaved izb zbv"
+order="fsdp2 gpipe 1f1b interleaved izb zbv dualpipev"
 
 run() {  # layout round -> one JSON line {tps, scheduled, measured, loss}
   local out="$work/$1-$2"

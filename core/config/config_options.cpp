@@ -239,7 +239,7 @@ void parallelism_options(std::vector<Option>& out) {
       .range(1.0, kNoMax);
   s.add("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule, "1F1B",
         "Pipeline schedule (any case): GPipe, 1F1B, LoopedBFS, Interleaved1F1B, "
-        "InterleavedZeroBubble, ZBVZeroBubble (DualPipeV only from a CSV)");
+        "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV");
   s.add("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv, "",
         "A schedule as CSV (one row per rank of actions like 0F1, 1B0); empty: generated");
   s.add("pipeline_parallel_microbatch_size", &ParallelismSection::pipeline_parallel_microbatch_size,

@@ -97,7 +97,8 @@ TEST_CASE("pp: every schedule on PP 2 trains llama3 as 1 rank does", "[pp][dist]
                      {2, sched + "LoopedBFS " + kTwoPerRank},
                      {2, sched + "Interleaved1F1B " + kTwoPerRank},
                      {2, sched + "InterleavedZeroBubble " + kTwoPerRank},
-                     {2, sched + "ZBVZeroBubble " + kTwoPerRank}});
+                     {2, sched + "ZBVZeroBubble " + kTwoPerRank},
+                     {2, sched + "DualPipeV " + kTwoPerRank}});
 }
 
 TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {

@@ -155,10 +155,18 @@ def split_cases():
 
 
 def order(rows):
+    """Per rank, the actions as strings; DualPipeV's overlapped pair is its two sub-actions."""
     out = []
     for r in sorted(rows):
-        out.append([str(a) for a in rows[r]
-                    if a is not None and a.computation_type != sch.REDUCE_GRAD])
+        ops = []
+        for a in rows[r]:
+            if a is None or a.computation_type == sch.REDUCE_GRAD:
+                continue
+            if a.computation_type == sch.OVERLAP_F_B:
+                ops += [str(x) for x in a.sub_actions]
+            else:
+                ops.append(str(a))
+        out.append(ops)
     return out
 
 
@@ -167,6 +175,10 @@ def schedule_order(name, p, v, m):
         s = object.__new__(sch.ScheduleGPipe)
         s._num_stages, s._n_microbatches = p, m
         return order(s._get_pipeline_order())
+    if name == "DualPipeV":
+        s = object.__new__(sch.ScheduleDualPipeV)
+        s.pp_group_size, s._n_microbatches = p, m
+        return order({r: s._calculate_single_rank_operations(r) for r in range(p)})
     cls = {"Interleaved1F1B": sch.ScheduleInterleaved1F1B,
            "InterleavedZeroBubble": sch.ScheduleInterleavedZeroBubble,
            "LoopedBFS": sch.ScheduleLoopedBFS,
@@ -187,6 +199,8 @@ def schedule_cases():
             out.append(("GPipe", p, 1, m))
             out.append(("LoopedBFS", p, 2, m))
             out.append(("ZBVZeroBubble", p, 2, m))
+            if m >= 2 * p:
+                out.append(("DualPipeV", p, 2, m))
             rounds = max(1, m // p)
             if m % rounds == 0:
                 for v in (2, 3):
