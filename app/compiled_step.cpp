@@ -139,7 +139,7 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOp
     // step's eager re-run sit between the graphs, outside the checked step.
     so.ep->reduce_overflow();
     check_->pause();
-    r.loss = so.ep->settle(model_, opt_, micro, so, sync_, r.loss);
+    r.loss = so.ep->settle(*phases_, model_, opt_, micro, so, r.loss);
     check_->resume();
     mark(PhaseTimer::kForwardBackwardDone);
   }
@@ -211,7 +211,7 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
   g.fwdbwd->replay();
   // Between the graphs: the expert-parallel overflow flag (one small read) and, if a pair
   // overflowed, the step's eager re-run with the exact exchange into the same gradients.
-  at::Tensor loss = o.ep ? o.ep->settle(model_, opt_, micro, o, sync_, g.loss) : g.loss;
+  at::Tensor loss = o.ep ? o.ep->settle(*phases_, model_, opt_, micro, o, g.loss) : g.loss;
   mark(PhaseTimer::kForwardBackwardDone);
   g.opt->replay();
   mark(PhaseTimer::kOptimizerDone);

@@ -39,10 +39,12 @@ void EpCapacityControl::reduce_overflow() {
   // The same tensor every step (the exchange's), which a captured graph rewrites on every
   // replay: settle() reads it whether the reduction ran eagerly or in a replay.
   flag_ = p_.rerun && !exact_only_ ? ex_->reduce_overflow() : at::Tensor();
+  if (flag_.defined() && p_.agree) p_.agree(flag_);  // in place: the same tensor every step
 }
 
-at::Tensor EpCapacityControl::settle(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                                     const StepOptions& o, GradSync* sync, const at::Tensor& loss) {
+at::Tensor EpCapacityControl::settle(StepPhases& phases, Model& model, AdamW& opt,
+                                     const std::vector<MicroBatch>& micro, const StepOptions& o,
+                                     const at::Tensor& loss) {
   ++steps_;
   peak_rows_ = std::max(peak_rows_, ex_->take_exact_peak_rows());
   if (!flag_.defined()) return loss;
@@ -68,8 +70,8 @@ at::Tensor EpCapacityControl::settle(Model& model, AdamW& opt, const std::vector
   eo.timer = nullptr;
   eo.ep = nullptr;
   ex_->force_exact(true);
-  at::Tensor l = forward_backward(model, micro, eo, sync);
-  reduce_gradients(model, sync);
+  at::Tensor l = phases.forward_backward(micro, eo);
+  phases.reduce_gradients();
   ex_->force_exact(false);
   peak_rows_ = std::max(peak_rows_, ex_->take_exact_peak_rows());
   const auto after = grad_storage(model);

@@ -1,7 +1,7 @@
 // Dropless capture with bounded buffers (docs/moe.md, "Dropless capture"): the static
 // expert-parallel exchange runs at a finite capacity; a step in which any (source,
 // destination) pair had more rows than that is detected on the device, agreed over the ep
-// group, read once on the host between the forward+backward and the optimizer phases, and
+// group and the world, read once on the host between the forward+backward and the optimizer phases, and
 // run again eagerly with the exact exchange, so its result is the exact exchange's and no
 // token is dropped. Repeated overflows grow the capacity up to a cap; past the cap the run
 // continues eagerly with the exact exchange.
@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,7 @@
 namespace titan {
 
 struct StepOptions;
+class StepPhases;
 
 struct EpCapacityPolicy {
   // Re-run overflowed steps (the static exchange with moe.ep_drop_policy = "none" at a finite
@@ -34,6 +36,11 @@ struct EpCapacityPolicy {
   double growth = 1.5;    // capacity factor x this on growth
   int64_t grow_after = 4;  // overflows within `window` steps that grow the capacity
   int64_t window = 100;
+  // The flag's max over every rank a re-run involves, after the ep group's: the re-run's
+  // collectives span FSDP's shard groups (several ep groups share one) and, under pipeline
+  // parallelism, every stage (the schedule's transfers). The trainer passes an all-reduce
+  // over the world; unset, the ep group's agreement stands.
+  std::function<void(at::Tensor&)> agree;
 };
 
 class EpCapacityControl {
@@ -41,15 +48,17 @@ class EpCapacityControl {
   EpCapacityControl(std::shared_ptr<ExpertExchange> ex, const EpCapacityPolicy& p);
 
   // The end of the forward+backward phase, inside the captured work (graph 1 on CUDA): the
-  // overflow of every micro-batch and MoE layer, agreed over the ep group, into one device
-  // flag. No host read. Nothing when not checking.
+  // overflow of every micro-batch and MoE layer, agreed over the ep group (and the policy's
+  // `agree`), into one device flag. No host read. Nothing when not checking.
   void reduce_overflow();
   // Between the phases: reads the flag (the step's one small host read). On an overflow
-  // every rank discards the step's gradients and MoE counts and runs forward+backward again
-  // with the exact exchange on the same micro-batches; returns that run's loss, else `loss`.
-  // Then applies the growth policy.
-  at::Tensor settle(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                    const StepOptions& o, GradSync* sync, const at::Tensor& loss);
+  // every rank discards the step's gradients and MoE counts and runs `phases`'
+  // forward+backward and gradient reduction again with the exact exchange on the same
+  // micro-batches (the whole model's, or a pipeline's schedule); returns that run's loss,
+  // else `loss`. Then applies the growth policy.
+  at::Tensor settle(StepPhases& phases, Model& model, AdamW& opt,
+                    const std::vector<MicroBatch>& micro, const StepOptions& o,
+                    const at::Tensor& loss);
 
   // Past the capacity cap: every step runs eagerly with the exact exchange (no capture).
   bool exact_only() const { return exact_only_; }

@@ -179,6 +179,10 @@ StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& mic
   StepResult r;
   r.loss = forward_backward(micro, o);
   reduce_gradients();
+  if (o.ep) {  // the static exchange's overflow: re-run the schedule exactly (app/ep_capacity.h)
+    o.ep->reduce_overflow();
+    r.loss = o.ep->settle(*this, model_, opt, micro, o, r.loss);
+  }
   mark(PhaseTimer::kForwardBackwardDone);
   r.grad_norm = optimizer(o);
   mark(PhaseTimer::kOptimizerDone);

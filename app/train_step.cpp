@@ -96,7 +96,8 @@ StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& m
   reduce_gradients(model, grad_sync);
   if (o.ep) {  // an overflowed step's re-run counts as forward+backward time
     o.ep->reduce_overflow();
-    r.loss = o.ep->settle(model, opt, micro, o, grad_sync, r.loss);
+    PlainStepPhases phases(model, opt, grad_sync);
+    r.loss = o.ep->settle(phases, model, opt, micro, o, r.loss);
     mark(PhaseTimer::kForwardBackwardDone);
   }
   r.grad_norm = optimizer_phase(model, opt, o, grad_sync);

@@ -386,6 +386,10 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
   EpCapacityPolicy p;
   p.rerun = o.fixed && o.drop_policy == EpDropPolicy::None;
   p.max_factor = std::max(cfg_.moe.ep_capacity_factor_max, o.capacity_factor);
+  // Every rank re-runs or none: FSDP's gathers span several ep groups, and a pipeline's
+  // transfers span the stages.
+  if (pg_ && pg_->size() > group.size())
+    p.agree = [w = pg_.get()](at::Tensor& flag) { w->allreduce(flag, ReduceOp::Max); };
   ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
 }
 

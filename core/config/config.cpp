@@ -705,8 +705,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
     const char* key;
   };
   const Refused refused[] = {
-      {cfg.compile.enable && p.expert_parallel_degree > 1,
-       "compile.enable = true and parallelism.expert_parallel_degree > 1"},
       {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
   };
   for (const Refused& r : refused)

@@ -1136,23 +1136,26 @@ TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exa
   // exchange; 1e-6 relative on every step's loss and grad norm (the re-run is the exact
   // step, so in practice bit-equal). EP 2 over 5 steps, the growth capped at the starting
   // factor, so the fourth overflow switches the run to the exact exchange for good (said once);
-  // EP 4 over 3 steps at the default cap.
+  // EP 4 over 3 steps at the default cap; EP 2 on 4 ranks (FSDP 4: two ep groups share the
+  // shard group) over 3 steps, where the flag is agreed over the world, since a re-run's FSDP
+  // gathers span both ep groups.
   const std::string common =
       "--config configs/deepseek_v3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
       "--validation.enable false --metrics.enable_tensorboard false --debug.seed 3 "
       "--training.local_batch_size 1 --training.device cpu ";
-  for (int ep : {2, 4}) {
-    const std::string steps = ep == 2 ? "5" : "3";
+  for (auto [ep, nproc] : {std::pair{2, 2}, std::pair{4, 4}, std::pair{2, 4}}) {
+    const std::string steps = nproc == 4 ? "3" : "5";
     const std::string base = common + "--training.steps " + steps +
                              " --parallelism.expert_parallel_degree " + std::to_string(ep) + " ";
-    test::TempDir exact_dir("ovx" + std::to_string(ep)), static_dir("ovs" + std::to_string(ep));
-    auto exact = torchrun_train(ep, base + "--moe.ep_exchange exact --job.dump_folder " +
-                                        exact_dir.path.string());
+    const std::string tag = std::to_string(ep) + "_" + std::to_string(nproc);
+    test::TempDir exact_dir("ovx" + tag), static_dir("ovs" + tag);
+    auto exact = torchrun_train(nproc, base + "--moe.ep_exchange exact --job.dump_folder " +
+                                           exact_dir.path.string());
     INFO(exact.out);
     REQUIRE(exact.rc == 0);
-    auto st = torchrun_train(ep, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 " +
-                                     (ep == 2 ? "--moe.ep_capacity_factor_max 0.25 " : "") +
-                                     "--job.dump_folder " + static_dir.path.string());
+    auto st = torchrun_train(nproc, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 " +
+                                        (nproc == 2 ? "--moe.ep_capacity_factor_max 0.25 " : "") +
+                                        "--job.dump_folder " + static_dir.path.string());
     INFO(st.out);
     REQUIRE(st.rc == 0);
     CHECK_THAT(st.out, Contains("is run again with the exact exchange (no drops)"));
@@ -1161,7 +1164,7 @@ TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exa
     REQUIRE(a.size() == std::stoul(steps));
     REQUIRE(b.size() == a.size());
     auto [loss, norm] = worst_rel(a, b);
-    WARN("ep " << ep << " static 0.25 against exact: max relative loss difference " << loss
+    WARN("ep " << ep << " on " << nproc << " ranks, static 0.25 against exact: max relative loss difference " << loss
                << ", grad norm " << norm);
     CHECK(loss < 1e-6);
     CHECK(norm < 1e-6);
@@ -1173,7 +1176,7 @@ TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exa
     CHECK(total(metric(static_dir.file("metrics.jsonl"), "moe_dropped_tokens")) == 0);
     // The exact run measures the pair load the static exchange would have to hold.
     CHECK(metric(exact_dir.file("metrics.jsonl"), "moe_ep_peak_pair_load")[1] > 0.25);
-    if (ep == 2) {
+    if (nproc == 2) {
       CHECK_THAT(st.out, Contains("continues eagerly with the exact exchange"));
       CHECK(metric(static_dir.file("metrics.jsonl"), "moe_ep_exact_only")[5] == 1);
     }
