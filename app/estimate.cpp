@@ -569,25 +569,35 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
 void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
                         int64_t dp_shard) {
   const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
+  const int64_t ep = cfg.parallelism.expert_parallel_degree;
+  // The routed experts: split over tp only under expert tensor parallelism, and FSDP gathers
+  // them over efsdp = dp_shard / ep only (each ep rank keeps its experts).
+  const int64_t etp = cfg.parallelism.expert_tensor_parallel_degree > 1 ? tp : 1;
   const double gathered_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2.0 : 4.0;
   const auto units = m.param_units();
   const auto& params = m.params().all();
   std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld%s):\n",
-      static_cast<long long>(dp_shard), static_cast<long long>(tp),
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld, routed "
+      "experts over ep %lld x efsdp %lld x etp %lld%s):\n",
+      static_cast<long long>(dp_shard), static_cast<long long>(tp), static_cast<long long>(ep),
+      static_cast<long long>(dp_shard / ep), static_cast<long long>(etp),
       dp_shard > 1 ? "; then the weights FSDP gathers, held through the step" : "");
   std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
   for (const PipelineStageSpec& sp : st.stages) {
     int64_t n = 0;
+    double local = 0, gathered_n = 0;  // elements per rank: its shards, its gathered weights
     for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
       for (int64_t i : units[static_cast<size_t>(u)].params) {
+        const Param& p = params[static_cast<size_t>(i)];
         int64_t k = 1;
-        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
+        for (int64_t x : p.model_shape()) k *= x;
         n += k;
+        const double cut = static_cast<double>(p.expert() ? etp : tp);
+        local += static_cast<double>(k) / (cut * static_cast<double>(dp_shard));
+        gathered_n += static_cast<double>(k) / (cut * static_cast<double>(p.expert() ? ep : 1));
       }
-    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(dp_shard * tp);
-    const double gathered =
-        dp_shard > 1 ? gathered_bytes * static_cast<double>(n) / static_cast<double>(tp) : 0.0;
+    const double bytes = 16.0 * local;
+    const double gathered = dp_shard > 1 ? gathered_bytes * gathered_n : 0.0;
     per_rank[static_cast<size_t>(sp.rank)] += bytes + gathered;
     char name[64];
     const bool billions = n >= 1000000000;
