@@ -465,8 +465,8 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
   if (p.expert_tensor_parallel_degree != 1 && p.expert_tensor_parallel_degree != tp)
     throw UserError("parallelism.expert_tensor_parallel_degree = " +
                     std::to_string(p.expert_tensor_parallel_degree) +
-                    " is not allowed; allowed: 1 or tensor_parallel_degree (" +
-                    std::to_string(tp) + ")");
+                    " is not allowed; allowed: 1 or tensor_parallel_degree (" + std::to_string(tp) +
+                    ")");
   struct SeqLen {
     const char* key;
     int64_t len;

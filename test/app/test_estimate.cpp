@@ -110,8 +110,9 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
   // The same with ep 8 borrowed from dp_shard (ep x etp): each rank keeps the hidden slices of
   // 2 of the 16 experts, whole (efsdp 1), where etp alone shards all 16 over dp_shard 8: the
   // same expert bytes per rank, so the same parameters to 0.1%.
-  auto l4ep = estimate("--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
-                       "--gpu h100 --parallelism.expert_parallel_degree 8");
+  auto l4ep = estimate(
+      "--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
+      "--gpu h100 --parallelism.expert_parallel_degree 8");
   INFO(l4ep.out);
   REQUIRE(l4ep.rc == 0);
   CHECK_THAT(l4ep.out, Catch::Matchers::Contains("dp_shard 8 x tp 8 (ep 8)"));

@@ -1092,8 +1092,8 @@ TEST_CASE("llama4 with TP 2 x EP 2 x ETP 2 matches 1 rank, and its checkpoint re
   const std::string epetp =
       "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
       "--parallelism.expert_parallel_degree 2 --parallelism.expert_tensor_parallel_degree 2 ";
-  auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
-                         one.path.string());
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
   INFO(r1.out);
   REQUIRE(r1.rc == 0);
   auto r2 = torchrun_train(4, common + epetp + "--job.dump_folder " + exact.path.string());
@@ -1101,8 +1101,9 @@ TEST_CASE("llama4 with TP 2 x EP 2 x ETP 2 matches 1 rank, and its checkpoint re
   REQUIRE(r2.rc == 0);
   CHECK_THAT(r2.out, Contains("routed experts split over tp") &&
                          Contains("exchanges its rows over its tp index's ep group (ep 2)"));
-  auto r3 = torchrun_train(4, common + epetp + "--moe.ep_exchange static "
-                                               "--moe.ep_capacity_factor inf --job.dump_folder " +
+  auto r3 = torchrun_train(4, common + epetp +
+                                  "--moe.ep_exchange static "
+                                  "--moe.ep_capacity_factor inf --job.dump_folder " +
                                   fixed.path.string());
   INFO(r3.out);
   REQUIRE(r3.rc == 0);
@@ -1137,11 +1138,11 @@ TEST_CASE("llama4 with TP 2 x EP 2 x ETP 2 matches 1 rank, and its checkpoint re
     worst_resume = std::max(worst_resume, std::abs(a.loss - b.loss) / b.loss);
     worst_resume = std::max(worst_resume, std::abs(a.grad_norm - b.grad_norm) / b.grad_norm);
   }
-  WARN("llama4 TP 2 x EP 2 x ETP 2 vs 1 rank, max relative difference over 4 steps: exact "
-       "exchange loss "
-       << loss_exact << ", grad norm " << norm_exact << "; static exchange loss " << loss_static
-       << ", grad norm " << norm_static << "; its step-2 save resumed on 1 rank: "
-       << worst_resume);
+  WARN(
+      "llama4 TP 2 x EP 2 x ETP 2 vs 1 rank, max relative difference over 4 steps: exact "
+      "exchange loss "
+      << loss_exact << ", grad norm " << norm_exact << "; static exchange loss " << loss_static
+      << ", grad norm " << norm_static << "; its step-2 save resumed on 1 rank: " << worst_resume);
   CHECK(loss_exact < 1e-5);
   CHECK(norm_exact < 1e-5);
   CHECK(loss_static < 1e-5);
@@ -1157,16 +1158,16 @@ TEST_CASE("deepseek_v3 with TP 2 x EP 2 x ETP 2 matches 1 rank", "[dist][app][tp
   const std::string common = kSmall +
                              "--model.name deepseek_v3 --training.steps 4 --debug.seed 3 "
                              "--training.global_batch_size 4 ";
-  auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
-                         one.path.string());
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
   INFO(r1.out);
   REQUIRE(r1.rc == 0);
-  auto r2 = torchrun_train(
-      4, common +
-             "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
-             "--parallelism.expert_parallel_degree 2 "
-             "--parallelism.expert_tensor_parallel_degree 2 --job.dump_folder " +
-             four.path.string());
+  auto r2 =
+      torchrun_train(4, common +
+                            "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
+                            "--parallelism.expert_parallel_degree 2 "
+                            "--parallelism.expert_tensor_parallel_degree 2 --job.dump_folder " +
+                            four.path.string());
   INFO(r2.out);
   REQUIRE(r2.rc == 0);
   CHECK_THAT(r2.out, Contains("exchanges its rows over its tp index's ep group (ep 2)"));
