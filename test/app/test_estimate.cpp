@@ -179,6 +179,9 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
        {"parallelism.data_parallel_shard_degree=4", "parallelism.expert_parallel_degree=2"}},
       {"deepseek_v3 FSDP 4 + EP 2", 4, "deepseek_v3_debug",
        {"parallelism.data_parallel_shard_degree=4", "parallelism.expert_parallel_degree=2"}},
+      {"llama4 TP 2 x EP 2 x ETP 2", 4, "llama4_debug",
+       {"parallelism.tensor_parallel_degree=2", "parallelism.expert_parallel_degree=2",
+        "parallelism.expert_tensor_parallel_degree=2"}},
   };
   std::string table;
   for (const Case& c : cases) {
