@@ -182,7 +182,9 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
   };
   // Expert tensor parallelism with expert parallelism (ep x etp).
   std::vector<Case> all = cases;
-  all.push_back({"llama4 TP 2 x EP 2 x ETP 2", 4, "llama4_debug",
+  all.push_back({"llama4 TP 2 x EP 2 x ETP 2",
+                 4,
+                 "llama4_debug",
                  {"parallelism.tensor_parallel_degree=2", "parallelism.expert_parallel_degree=2",
                   "parallelism.expert_tensor_parallel_degree=2"}});
   std::string table;
