@@ -56,6 +56,7 @@ Gpu gpu_named(const std::string& g) {
 
 struct Plan {
   int64_t world = 1, replicate = 1, shard = 1, ep = 1, tp = 1;
+  bool etp = false;  // routed experts split over tp (expert_tensor_parallel_degree = tp > 1)
   int64_t cp = 1;  // context parallel; `shard` is FSDP's group, dp_shard x cp (parallel/mesh.h)
   int64_t micro_batches = 1, local_batch = 1, seq_len = 1;
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
@@ -117,15 +118,19 @@ Sizes size_plan(const Model& m, const Plan& pl) {
 // reduce-scatters after them (4), the same in backward (4), and the forward's 4 again when
 // blocks are recomputed (full activation checkpointing); plus the embedding's reduce-scatter
 // and the loss input's all-gather, each with its backward twin; plus the loss's 3 all-reduces
-// of one fp32 per token.
+// of one fp32 per token. An MoE layer's feed-forward has the MLP's pair only under expert
+// tensor parallelism (the routed experts' gather and reduce-scatter); with whole experts its
+// router, experts and shared experts run on the rank's sequence shard, with no collective.
 void size_tp(const Model& m, const Plan& pl, Sizes& s) {
   if (pl.tp == 1) return;
   const double tokens = static_cast<double>(pl.local_batch * pl.seq_len);
   s.act_bytes = tokens * static_cast<double>(m.info().dim * pl.param_bytes);
   s.loss_bytes = tokens * 4;
-  const double per_block = pl.ac == "full" ? 12 : 8;
-  s.tp_collectives =
-      static_cast<double>(pl.micro_batches) * (per_block * static_cast<double>(m.info().n_layers) + 4);
+  const double per_part = pl.ac == "full" ? 6 : 4;  // attention or MLP: fwd, bwd (, recompute)
+  const auto* moe = dynamic_cast<const MoETransformer*>(&m);
+  const int64_t silent = moe && !pl.etp ? static_cast<int64_t>(moe->moe_layers().size()) : 0;
+  const double parts = static_cast<double>(2 * m.info().n_layers - silent);
+  s.tp_collectives = static_cast<double>(pl.micro_batches) * (per_part * parts + 4);
   const double frac = static_cast<double>(pl.tp - 1) / static_cast<double>(pl.tp);
   s.tp_sent = frac * (s.tp_collectives * s.act_bytes +
                       2.0 * 3 * static_cast<double>(pl.micro_batches) * s.loss_bytes);
@@ -177,6 +182,7 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   pl.replicate = cfg.parallelism.data_parallel_replicate_degree;
   pl.ep = cfg.parallelism.expert_parallel_degree;
   pl.tp = cfg.parallelism.tensor_parallel_degree;
+  pl.etp = pl.tp > 1 && cfg.parallelism.expert_tensor_parallel_degree > 1;
   pl.micro_batches = d.grad_accum_steps;
   pl.local_batch = cfg.training.local_batch_size;
   pl.seq_len = cfg.training.seq_len;
@@ -205,11 +211,9 @@ struct Activations {
   double cp_sent = 0;
 };
 
-// Expert tensor parallelism as the trainer applies it (etp = tp > 1, without ep; the trainer
-// refuses ep x etp).
+// Expert tensor parallelism as the trainer applies it (etp = tp > 1, with or without ep).
 bool split_experts(const JobConfig& cfg) {
-  return cfg.parallelism.expert_tensor_parallel_degree > 1 &&
-         cfg.parallelism.expert_parallel_degree == 1;
+  return cfg.parallelism.expert_tensor_parallel_degree > 1;
 }
 
 // The model as measure_activations counts it: on the meta device, cut for tensor
@@ -475,8 +479,10 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
   if (layers.empty()) return;
   const int64_t top_k = layers.front()->args().top_k, E = moe->num_experts();
   // Routed rows (token-expert pairs) per rank and micro-batch: the tensor-parallel ranks share
-  // a dp rank's tokens along the sequence.
-  const int64_t n = pl.local_batch * pl.seq_len / std::max<int64_t>(1, pl.tp) * top_k;
+  // a dp rank's tokens along the sequence, except under expert tensor parallelism, where each
+  // routes (and exchanges) the whole sequence for its hidden slices.
+  const int64_t seq_share = split_experts(cfg) ? 1 : std::max<int64_t>(1, pl.tp);
+  const int64_t n = pl.local_batch * pl.seq_len / seq_share * top_k;
   const int64_t El = E / pl.ep, dim = m.info().dim, eb = pl.param_bytes;
   auto mib = [&](double f) {
     return static_cast<double>(ep_static_buffer_bytes(n, top_k, pl.ep, El, dim, eb, f)) /
@@ -563,25 +569,35 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
 void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
                         int64_t dp_shard) {
   const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
+  const int64_t ep = cfg.parallelism.expert_parallel_degree;
+  // The routed experts: split over tp only under expert tensor parallelism, and FSDP gathers
+  // them over efsdp = dp_shard / ep only (each ep rank keeps its experts).
+  const int64_t etp = cfg.parallelism.expert_tensor_parallel_degree > 1 ? tp : 1;
   const double gathered_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2.0 : 4.0;
   const auto units = m.param_units();
   const auto& params = m.params().all();
   std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld%s):\n",
-      static_cast<long long>(dp_shard), static_cast<long long>(tp),
+      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld, routed "
+      "experts over ep %lld x efsdp %lld x etp %lld%s):\n",
+      static_cast<long long>(dp_shard), static_cast<long long>(tp), static_cast<long long>(ep),
+      static_cast<long long>(dp_shard / ep), static_cast<long long>(etp),
       dp_shard > 1 ? "; then the weights FSDP gathers, held through the step" : "");
   std::vector<double> per_rank(static_cast<size_t>(pp), 0.0);
   for (const PipelineStageSpec& sp : st.stages) {
     int64_t n = 0;
+    double local = 0, gathered_n = 0;  // elements per rank: its shards, its gathered weights
     for (int64_t u = sp.first_unit(); u < sp.end_unit(); ++u)
       for (int64_t i : units[static_cast<size_t>(u)].params) {
+        const Param& p = params[static_cast<size_t>(i)];
         int64_t k = 1;
-        for (int64_t x : params[static_cast<size_t>(i)].model_shape()) k *= x;
+        for (int64_t x : p.model_shape()) k *= x;
         n += k;
+        const double cut = static_cast<double>(p.expert() ? etp : tp);
+        local += static_cast<double>(k) / (cut * static_cast<double>(dp_shard));
+        gathered_n += static_cast<double>(k) / (cut * static_cast<double>(p.expert() ? ep : 1));
       }
-    const double bytes = 16.0 * static_cast<double>(n) / static_cast<double>(dp_shard * tp);
-    const double gathered =
-        dp_shard > 1 ? gathered_bytes * static_cast<double>(n) / static_cast<double>(tp) : 0.0;
+    const double bytes = 16.0 * local;
+    const double gathered = dp_shard > 1 ? gathered_bytes * gathered_n : 0.0;
     per_rank[static_cast<size_t>(sp.rank)] += bytes + gathered;
     char name[64];
     const bool billions = n >= 1000000000;

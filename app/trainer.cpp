@@ -335,8 +335,9 @@ void Trainer::apply_tp() {
                     " with moe.seq_aux_loss_coeff > 0: the sequence-wise balance loss needs whole "
                     "sequences, and tensor parallelism routes sequence shards; allowed: "
                     "seq_aux_loss_coeff = 0 under tensor parallelism");
-  // Expert tensor parallelism (etp = tp without ep; config.cpp refuses the rest): the routed
-  // experts are cut along their hidden size as well (docs/distributed.md).
+  // Expert tensor parallelism (etp = tp; config.cpp refuses other values): the routed experts
+  // are cut along their hidden size as well, and with expert parallelism each tp index's ep
+  // group exchanges the rows for its slices (docs/distributed.md).
   const int64_t etp = cfg_.parallelism.expert_tensor_parallel_degree;
   const bool split_experts = etp > 1 && model_->num_experts() > 0;
   const bool async = cfg_.parallelism.enable_async_tensor_parallel;
@@ -357,8 +358,13 @@ void Trainer::apply_tp() {
       }
     log_info("=> expert tensor parallel: etp " + std::to_string(etp) +
              ", the routed experts split along their hidden size (w1/w3 rows, w2 columns) over "
-             "the tp ranks; each tp rank routes the whole sequence and reduce-scatters the "
-             "partial outputs; routed-expert parameters on this tp rank " +
+             "the tp ranks; each tp rank routes the whole sequence" +
+             (cfg_.parallelism.expert_parallel_degree > 1
+                  ? ", exchanges its rows over its tp index's ep group (ep " +
+                        std::to_string(cfg_.parallelism.expert_parallel_degree) + ")"
+                  : std::string()) +
+             " and reduce-scatters the partial outputs; routed-expert parameters on this tp "
+             "rank " +
              std::to_string(mine) + " of " + std::to_string(whole));
   }
 }

@@ -69,11 +69,10 @@ void MoELayer::reset_state() {
 
 at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor>& w, Mode mode) {
   ModuleScope scope("moe");
-  TORCH_CHECK(!(ep_ && etp_),
-              "expert tensor parallelism with expert parallelism is refused by the "
-              "config (core/config/config.cpp)");
   // Expert tensor parallelism: every tp rank routes the whole sequence (B, T, D) through its
-  // hidden slice of the experts; the shared experts stay on this rank's shard xs3.
+  // hidden slice of the experts; the shared experts stay on this rank's shard xs3. With expert
+  // parallelism as well (ep x etp), the rows then travel over this tp index's ep group, whose
+  // ranks hold the same hidden slice of their experts, and come home as partial sums.
   const at::Tensor x3 = etp_ ? etp_->gather_seq(xs3) : xs3;
   const int64_t B = x3.size(0), S = x3.size(1), D = x3.size(2);
   const int64_t E = args_.num_experts, K = args_.top_k;
@@ -182,7 +181,9 @@ at::Tensor MoELayer::expert_parallel_experts(const at::Tensor& routed, const at:
       ep_->dispatch(routed, d.counts, probs, args_.top_k, counted, known ? &ref : nullptr);
   TORCH_CHECK(w1.size(0) * ep_->size() == args_.num_experts, "expert parallelism: this rank holds ",
               w1.size(0), " experts of ", args_.num_experts, " over ", ep_->size(), " ranks");
-  if (got.dropped.defined() && counted) {
+  // Under ep x etp every tp rank exchanged the same rows (their ep groups route alike): the
+  // dropped rows are counted on tp rank 0, as the token counts are.
+  if (got.dropped.defined() && counted && (!etp_ || etp_->rank() == 0)) {
     at::NoGradGuard ng;
     dropped_tokens.add_(got.dropped);
   }

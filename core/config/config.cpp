@@ -452,7 +452,7 @@ DerivedConfig derive_config(const JobConfig& cfg, int64_t world_size) {
 
 // Tensor parallelism splits each sequence over the tp ranks (sequence parallel), and the
 // experts are either whole (etp 1) or split like everything else (etp = tp, torchtitan 0.2.2;
-// not yet together with expert parallelism).
+// with expert parallelism too: each tp index's ep group exchanges the rows for its slices).
 static void validate_tensor_parallel(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
   const int64_t tp = p.tensor_parallel_degree;
@@ -465,17 +465,8 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
   if (p.expert_tensor_parallel_degree != 1 && p.expert_tensor_parallel_degree != tp)
     throw UserError("parallelism.expert_tensor_parallel_degree = " +
                     std::to_string(p.expert_tensor_parallel_degree) +
-                    " is not allowed; allowed: 1 or tensor_parallel_degree (" +
-                    std::to_string(tp) + ")");
-  if (p.expert_tensor_parallel_degree > 1 && p.expert_parallel_degree > 1)
-    throw UserError(
-        "parallelism.expert_tensor_parallel_degree = " +
-        std::to_string(p.expert_tensor_parallel_degree) +
-        " with parallelism.expert_parallel_degree = " + std::to_string(p.expert_parallel_degree) +
-        ": expert tensor parallelism combined with expert parallelism (ep x etp) is "
-        "not implemented yet; allowed: expert_tensor_parallel_degree = 1 with "
-        "expert_parallel_degree > 1, or expert_parallel_degree = 1 with "
-        "expert_tensor_parallel_degree = tensor_parallel_degree");
+                    " is not allowed; allowed: 1 or tensor_parallel_degree (" + std::to_string(tp) +
+                    ")");
   struct SeqLen {
     const char* key;
     int64_t len;

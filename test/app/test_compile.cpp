@@ -140,6 +140,8 @@ TEST_CASE("compile: the CPU capture check passes for every model in every layout
       {"ep2_hsdp2x2", 4, ep2 + rep2, "dp_replicate 2 x dp_shard 2 (ep 2", true},
       {"tp2_etp2", 2, tp2 + "--parallelism.expert_tensor_parallel_degree 2 ",
        "routed experts split over tp", true},
+      {"ep2_tp2_etp2", 4, ep2 + tp2 + "--parallelism.expert_tensor_parallel_degree 2 ",
+       "exchanges its rows over its tp index's ep group (ep 2)", true},
   };
   for (const char* model : {"llama3", "llama4", "deepseek_v3"})
     for (const Layout& l : layouts) {

@@ -107,6 +107,18 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
   REQUIRE(l4.rc == 0);
   CHECK_THAT(l4.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
   CHECK(gib_of(l4.out, "total") > 0);
+  // The same with ep 8 borrowed from dp_shard (ep x etp): each rank keeps the hidden slices of
+  // 2 of the 16 experts, whole (efsdp 1), where etp alone shards all 16 over dp_shard 8: the
+  // same expert bytes per rank, so the same parameters to 0.1%.
+  auto l4ep = estimate(
+      "--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
+      "--gpu h100 --parallelism.expert_parallel_degree 8");
+  INFO(l4ep.out);
+  REQUIRE(l4ep.rc == 0);
+  CHECK_THAT(l4ep.out, Catch::Matchers::Contains("dp_shard 8 x tp 8 (ep 8)"));
+  const double l4p = gib_of(l4.out, R"(parameters \(fp32, tp slices, FSDP shards\))");
+  CHECK(gib_of(l4ep.out, R"(parameters \(fp32, tp slices, FSDP shards\))") ==
+        Approx(l4p).epsilon(0.001));
   // Training's overrides work here too, and TP 2 holds half of what 1 rank does.
   auto one = estimate("--config configs/llama3_debug.toml --world 1");
   auto two = estimate("--config configs/llama3_debug.toml --world 2 "
@@ -168,8 +180,15 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
       {"deepseek_v3 FSDP 4 + EP 2", 4, "deepseek_v3_debug",
        {"parallelism.data_parallel_shard_degree=4", "parallelism.expert_parallel_degree=2"}},
   };
+  // Expert tensor parallelism with expert parallelism (ep x etp).
+  std::vector<Case> all = cases;
+  all.push_back({"llama4 TP 2 x EP 2 x ETP 2",
+                 4,
+                 "llama4_debug",
+                 {"parallelism.tensor_parallel_degree=2", "parallelism.expert_parallel_degree=2",
+                  "parallelism.expert_tensor_parallel_degree=2"}});
   std::string table;
-  for (const Case& c : cases) {
+  for (const Case& c : all) {
     std::vector<std::string> keys = c.keys;
     keys.push_back("training.local_batch_size=4");
     keys.push_back("training.seq_len=128");

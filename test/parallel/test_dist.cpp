@@ -1072,6 +1072,116 @@ TEST_CASE("llama4 with TP 2 and expert TP 2 matches 1 rank, and its checkpoints 
   CHECK(worst_resume < 1e-5);
 }
 
+TEST_CASE("llama4 with TP 2 x EP 2 x ETP 2 matches 1 rank, and its checkpoint resumes on 1 rank",
+          "[dist][app][tp][ep][etp][checkpoint]") {
+  // 4 ranks: tp 2 x dp_shard 2, ep 2 borrowed from dp_shard (torchtitan 0.2.2's ep x etp with
+  // etp = tp). Each tp rank gathers its dp rank's sequences, routes them all and exchanges the
+  // rows over its tp index's ep group, whose ranks hold the same hidden slice of their 4
+  // experts; the partial outputs come home and are reduce-scattered over tp. The same global
+  // batch of 4 sequences as one process, 4 steps: losses and gradient norms to 1e-5 relative
+  // (the TP tests' tolerance: fp32 sums in another order), with the exact exchange and with
+  // the static one at the worst-case capacity (never overflows, so its own path is compared).
+  // Then the EP 2 x ETP 2 run's step-2 save (whole experts in the files) resumes on one
+  // process and must reproduce its steps 3-4 to 1e-5.
+  test::TempDir one("epetp_ref"), exact("epetp_exact"), fixed("epetp_static"),
+      one_from_four("epetp_1of4");
+  const std::string common = kSmall +
+                             "--model.name llama4 --training.steps 4 --debug.seed 3 "
+                             "--checkpoint.enable true --checkpoint.interval 2 "
+                             "--checkpoint.keep_latest_k 0 --training.global_batch_size 4 ";
+  const std::string epetp =
+      "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
+      "--parallelism.expert_parallel_degree 2 --parallelism.expert_tensor_parallel_degree 2 ";
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  auto r2 = torchrun_train(4, common + epetp + "--job.dump_folder " + exact.path.string());
+  INFO(r2.out);
+  REQUIRE(r2.rc == 0);
+  CHECK_THAT(r2.out, Contains("routed experts split over tp") &&
+                         Contains("exchanges its rows over its tp index's ep group (ep 2)"));
+  auto r3 = torchrun_train(4, common + epetp +
+                                  "--moe.ep_exchange static "
+                                  "--moe.ep_capacity_factor inf --job.dump_folder " +
+                                  fixed.path.string());
+  INFO(r3.out);
+  REQUIRE(r3.rc == 0);
+  CHECK_THAT(r3.out, Contains("MoE expert-parallel exchange = static"));
+  auto meta = nlohmann::json::parse(test::read_file(exact.file("checkpoint/step-2/metadata.json")));
+  CHECK(meta["tensors"]["model/layers.1.moe.experts.w1"]["shape"] ==
+        nlohmann::json::array({8, 512, 256}));
+  CHECK(meta["tensors"]["model/layers.1.moe.experts.w2"]["shape"] ==
+        nlohmann::json::array({8, 256, 512}));
+  fs::create_directories(one_from_four.file("checkpoint"));
+  fs::copy(exact.file("checkpoint/step-2"), one_from_four.file("checkpoint/step-2"),
+           fs::copy_options::recursive);
+  auto r4 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
+                         one_from_four.path.string());
+  INFO(r4.out);
+  REQUIRE(r4.rc == 0);
+  auto ref = read_metrics(one.file("metrics.jsonl"));
+  auto m2 = read_metrics(exact.file("metrics.jsonl"));
+  auto m3 = read_metrics(fixed.file("metrics.jsonl"));
+  auto m4 = read_metrics(one_from_four.file("metrics.jsonl"));
+  REQUIRE(ref.size() == 4);
+  REQUIRE(m2.size() == 4);
+  REQUIRE(m3.size() == 4);
+  CHECK_FALSE(m4.count(2));
+  const auto [loss_exact, norm_exact] = worst_rel(ref, m2);
+  const auto [loss_static, norm_static] = worst_rel(ref, m3);
+  double worst_resume = 0;
+  for (int64_t s : {3, 4}) {
+    INFO("step " << s);
+    REQUIRE(m4.count(s));
+    const Step &a = m4.at(s), &b = m2.at(s);
+    worst_resume = std::max(worst_resume, std::abs(a.loss - b.loss) / b.loss);
+    worst_resume = std::max(worst_resume, std::abs(a.grad_norm - b.grad_norm) / b.grad_norm);
+  }
+  WARN(
+      "llama4 TP 2 x EP 2 x ETP 2 vs 1 rank, max relative difference over 4 steps: exact "
+      "exchange loss "
+      << loss_exact << ", grad norm " << norm_exact << "; static exchange loss " << loss_static
+      << ", grad norm " << norm_static << "; its step-2 save resumed on 1 rank: " << worst_resume);
+  CHECK(loss_exact < 1e-5);
+  CHECK(norm_exact < 1e-5);
+  CHECK(loss_static < 1e-5);
+  CHECK(norm_static < 1e-5);
+  CHECK(worst_resume < 1e-5);
+}
+
+TEST_CASE("deepseek_v3 with TP 2 x EP 2 x ETP 2 matches 1 rank", "[dist][app][tp][ep][etp]") {
+  // As the llama4 case above, for DeepSeek-V3's MoE (softmax top-3 of 8 experts, 2 shared,
+  // scores applied after the experts) behind MLA split by heads: 4 steps of the same global
+  // batch, losses and gradient norms to 1e-5 relative against one process (exact exchange).
+  test::TempDir one("dsepetp_ref"), four("dsepetp_4");
+  const std::string common = kSmall +
+                             "--model.name deepseek_v3 --training.steps 4 --debug.seed 3 "
+                             "--training.global_batch_size 4 ";
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
+  INFO(r1.out);
+  REQUIRE(r1.rc == 0);
+  auto r2 =
+      torchrun_train(4, common +
+                            "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
+                            "--parallelism.expert_parallel_degree 2 "
+                            "--parallelism.expert_tensor_parallel_degree 2 --job.dump_folder " +
+                            four.path.string());
+  INFO(r2.out);
+  REQUIRE(r2.rc == 0);
+  CHECK_THAT(r2.out, Contains("exchanges its rows over its tp index's ep group (ep 2)"));
+  auto ref = read_metrics(one.file("metrics.jsonl"));
+  auto m = read_metrics(four.file("metrics.jsonl"));
+  REQUIRE(ref.size() == 4);
+  REQUIRE(m.size() == 4);
+  const auto [loss, norm] = worst_rel(ref, m);
+  WARN("deepseek_v3 TP 2 x EP 2 x ETP 2 vs 1 rank, max relative difference over 4 steps: loss "
+       << loss << ", grad norm " << norm);
+  CHECK(loss < 1e-5);
+  CHECK(norm < 1e-5);
+}
+
 TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep 2 and 4",
           "[dist][app][slow][moe]") {
   // The static exchange at the worst-case capacity (inf: it never overflows, so no step is

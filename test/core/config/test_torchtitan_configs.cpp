@@ -342,16 +342,14 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
   CHECK(etp.rc == 2);
   CHECK_THAT(etp.out, Contains("parallelism.expert_tensor_parallel_degree = 4 is not allowed; "
                                "allowed: 1 or tensor_parallel_degree (8)"));
-  // Expert tensor parallelism with expert parallelism (ep x etp) is not implemented yet.
+  // Expert tensor parallelism with expert parallelism (ep x etp) is accepted
+  // (test/parallel/test_dist.cpp trains it).
   auto epx = titan_run(
       "--parallelism.tensor_parallel_degree 2 "
       "--parallelism.expert_tensor_parallel_degree 2 "
       "--parallelism.expert_parallel_degree 2 --dump-config");
-  CHECK(epx.rc == 2);
-  CHECK_THAT(epx.out, Contains("parallelism.expert_tensor_parallel_degree = 2 with "
-                               "parallelism.expert_parallel_degree = 2: expert tensor "
-                               "parallelism combined with expert parallelism (ep x etp) is not "
-                               "implemented yet"));
+  CHECK(epx.rc == 0);
+  CHECK_THAT(epx.out, Contains("expert_tensor_parallel_degree = 2"));
 }
 
 namespace {
