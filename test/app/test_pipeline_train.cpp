@@ -117,15 +117,15 @@ TEST_CASE(
     "[pp][dist][app]") {
   // MoE: each stage's MoE layers add their auxiliary loss to its backward; the expert-bias
   // update runs on the stage that holds the layer.
-  // llama4 torchtitan 17Bx128E's composition in small: PP 2 x FSDP 2 x TP 2 with expert TP
-  // 2 (8 ranks); each tp rank sends its sequence shard.
+  // llama4 torchtitan 17Bx128E's composition in small, with expert parallelism too: PP 2 x
+  // FSDP 2 x TP 2 with EP 2 x expert TP 2 (8 ranks); each tp rank sends its sequence shard.
   check_layouts(
       "--model.name llama4 --training.global_batch_size 8 "
       "--activation_checkpoint.mode full",
       {{2, "--parallelism.pipeline_parallel_schedule 1F1B"},
        {8,
         "--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
-        "--parallelism.expert_tensor_parallel_degree 2 "
+        "--parallelism.expert_tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2 "
         "--parallelism.pipeline_parallel_schedule 1F1B"},
        // PP 2 x EP 2 (4 ranks): each stage's experts over its 2 ranks, exchanged by all-to-all.
        {4, "--parallelism.pipeline_parallel_degree 2 --parallelism.expert_parallel_degree 2"}});
