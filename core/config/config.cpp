@@ -691,19 +691,6 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
         "validation.local_batch_size = " + std::to_string(cfg.validation.local_batch_size) +
         " with " + head + " is not a multiple of parallelism.pipeline_parallel_microbatch_size = " +
         std::to_string(mbs) + "; allowed: a multiple of it");
-  struct Refused {
-    bool on;
-    const char* key;
-  };
-  const Refused refused[] = {
-      {cfg.checkpoint.create_seed_checkpoint, "checkpoint.create_seed_checkpoint = true"},
-  };
-  for (const Refused& r : refused)
-    if (r.on)
-      throw UserError(head + " with " + r.key +
-                      ": not implemented together with pipeline parallelism yet (issue 29); "
-                      "allowed: pipeline parallelism alone or with data (DDP, FSDP, HSDP), "
-                      "tensor and expert parallelism, or parallelism.pipeline_parallel_degree = 1");
 }
 
 void validate_for_world(const JobConfig& cfg, int64_t world_size) {
@@ -723,7 +710,9 @@ void validate_for_world(const JobConfig& cfg, int64_t world_size) {
                     " does not divide the world size " + world);
   if (cfg.checkpoint.create_seed_checkpoint && world_size != 1)
     throw UserError("checkpoint.create_seed_checkpoint = true with a world size of " + world +
-                    "; allowed: a single process (as torchtitan, the seed is written unsharded)");
+                    "; allowed: a single process with every parallelism degree at 1 (as "
+                    "torchtitan, the seed is written unsharded; any layout, pipeline parallel "
+                    "included, loads it)");
   DerivedConfig d = derive_config(cfg, world_size);
   const int64_t tp = p.tensor_parallel_degree, cp = p.context_parallel_degree;
   const int64_t pp = p.pipeline_parallel_degree;

@@ -175,8 +175,8 @@ TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exi
   };
   const std::vector<Case> cases = {
       {"--checkpoint.enable true --checkpoint.create_seed_checkpoint true",
-       "parallelism.pipeline_parallel_degree = 2 with checkpoint.create_seed_checkpoint = true: "
-       "not implemented together with pipeline parallelism yet"},
+       "checkpoint.create_seed_checkpoint = true with a world size of 2; allowed: a single "
+       "process with every parallelism degree at 1"},
       {"--validation.enable true --validation.local_batch_size 3 "
        "--parallelism.pipeline_parallel_microbatch_size 2 --training.local_batch_size 4",
        "validation.local_batch_size = 3 with parallelism.pipeline_parallel_degree = 2 is not a "
@@ -389,6 +389,39 @@ TEST_CASE("pp: Hugging Face export and import under PP 2 x FSDP 2 match one proc
   REQUIRE(m1.count(1) == 1);
   REQUIRE(m2.count(1) == 1);
   CHECK(std::abs(m2.at(1).loss - m1.at(1).loss) / m1.at(1).loss < 1e-6);
+}
+
+TEST_CASE("pp: a seed checkpoint written on 1 rank starts a PP 2 run as it starts 1 rank",
+          "[pp][dist][app][checkpoint]") {
+  // torchtitan's seed: written by one process with every degree at 1 (under PP 2 the
+  // world-size rule exits 2, in the "bad input" test above), loaded by any layout.
+  const std::string flags = "--checkpoint.enable true --checkpoint.interval 100 ";
+  test::TempDir seed("pp_seed"), one("pp_seed1"), two("pp_seed2");
+  // The seed's init differs from the runs' (debug.seed 11, not 3): they start from it only
+  // by loading it.
+  auto s = train(1, flags + "--checkpoint.create_seed_checkpoint true --debug.seed 11",
+                 seed.path.string());
+  INFO(s.out);
+  REQUIRE(s.rc == 0);
+  REQUIRE(std::filesystem::exists(seed.file("checkpoint/step-0")));
+  std::map<int64_t, Step> got[2];
+  for (int i = 0; i < 2; ++i) {
+    const test::TempDir& to = i == 0 ? one : two;
+    std::filesystem::create_directories(to.file("checkpoint"));
+    std::filesystem::copy(seed.file("checkpoint/step-0"), to.file("checkpoint/step-0"),
+                          std::filesystem::copy_options::recursive);
+    auto r = train(i + 1, flags + (i ? "--parallelism.pipeline_parallel_degree 2" : ""),
+                   to.path.string());
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    CHECK_THAT(r.out, Contains("resumed from"));
+    got[i] = metrics(to);
+  }
+  REQUIRE(got[0].size() == 4);
+  const double worst = worst_rel(got[0], got[1]);
+  WARN("seed checkpoint: PP 2 against 1 rank, max relative loss / grad norm difference "
+       << worst);
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE("pp: checkpoints cross pipeline layouts and resume exactly",
