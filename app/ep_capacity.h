@@ -1,10 +1,10 @@
 // Dropless capture with bounded buffers (docs/moe.md, "Dropless capture"): the static
 // expert-parallel exchange runs at a finite capacity; a step in which any (source,
 // destination) pair had more rows than that is detected on the device, agreed over the ep
-// group and the world, read once on the host between the forward+backward and the optimizer phases, and
-// run again eagerly with the exact exchange, so its result is the exact exchange's and no
-// token is dropped. Repeated overflows grow the capacity up to a cap; past the cap the run
-// continues eagerly with the exact exchange.
+// group and the world, read once on the host between the forward+backward and the
+// optimizer phases, and run again eagerly with the exact exchange, so its result is the
+// exact exchange's and no token is dropped. Repeated overflows grow the capacity up to a
+// cap; past the cap the run continues eagerly with the exact exchange.
 #pragma once
 
 #include <ATen/ATen.h>

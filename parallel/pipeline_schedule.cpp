@@ -310,7 +310,7 @@ Ops dualpipev_ops(int64_t rank, int64_t p, int64_t m) {
     ++next_w[s];
   };
   for (int64_t i = 0; i < 2 * (p - rank - 1); ++i) forward(c0);  // 1: F0
-  for (int64_t i = 0; i < rank + 1; ++i) {                        // 2: F0 F1
+  for (int64_t i = 0; i < rank + 1; ++i) {                       // 2: F0 F1
     forward(c0);
     forward(c1);
   }

@@ -273,8 +273,10 @@ TEST_CASE("pp: PP 2 x EP 2 re-runs an overflowed static exchange through the sch
   CHECK_THAT(cc.out,
              Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
   const double captured = worst_rel(metrics(exact_dir), metrics(cc_dir));
-  WARN("PP 2 x EP 2, static exchange at 0.25 against exact: max relative loss / grad norm "
-       "difference eager " << eager << ", under the capture check " << captured);
+  WARN(
+      "PP 2 x EP 2, static exchange at 0.25 against exact: max relative loss / grad norm "
+      "difference eager "
+      << eager << ", under the capture check " << captured);
   CHECK(eager < 1e-6);
   CHECK(captured < 1e-6);
   const auto jm = test::training_metrics(static_dir.file("metrics.jsonl"));
@@ -419,8 +421,7 @@ TEST_CASE("pp: a seed checkpoint written on 1 rank starts a PP 2 run as it start
   }
   REQUIRE(got[0].size() == 4);
   const double worst = worst_rel(got[0], got[1]);
-  WARN("seed checkpoint: PP 2 against 1 rank, max relative loss / grad norm difference "
-       << worst);
+  WARN("seed checkpoint: PP 2 against 1 rank, max relative loss / grad norm difference " << worst);
   CHECK(worst < 1e-5);
 }
 

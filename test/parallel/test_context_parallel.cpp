@@ -315,8 +315,9 @@ TEST_CASE("checkpoints cross context-parallel layouts: CP 2 x EP 2 to 1 rank and
       "--metrics.log_freq 1 --validation.enable false --metrics.enable_tensorboard false "
       "--training.device cpu --training.steps 4 --debug.seed 3 --training.local_batch_size 4 "
       "--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 0 ";
-  const std::string cp = "--parallelism.context_parallel_degree 2 "
-                         "--parallelism.expert_parallel_degree 2 ";
+  const std::string cp =
+      "--parallelism.context_parallel_degree 2 "
+      "--parallelism.expert_parallel_degree 2 ";
   auto run = [&](bool on_cp, const test::TempDir& dir) {
     const std::string args = common + "--job.dump_folder " + dir.path.string();
     auto r = on_cp ? torchrun_train(2, args + " " + cp) : titan_run(args);

@@ -1259,13 +1259,14 @@ TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exa
                              " --parallelism.expert_parallel_degree " + std::to_string(ep) + " ";
     const std::string tag = std::to_string(ep) + "_" + std::to_string(nproc);
     test::TempDir exact_dir("ovx" + tag), static_dir("ovs" + tag);
-    auto exact = torchrun_train(nproc, base + "--moe.ep_exchange exact --job.dump_folder " +
-                                           exact_dir.path.string());
+    auto exact = torchrun_train(
+        nproc, base + "--moe.ep_exchange exact --job.dump_folder " + exact_dir.path.string());
     INFO(exact.out);
     REQUIRE(exact.rc == 0);
-    auto st = torchrun_train(nproc, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 " +
-                                        (nproc == 2 ? "--moe.ep_capacity_factor_max 0.25 " : "") +
-                                        "--job.dump_folder " + static_dir.path.string());
+    auto st =
+        torchrun_train(nproc, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 " +
+                                  (nproc == 2 ? "--moe.ep_capacity_factor_max 0.25 " : "") +
+                                  "--job.dump_folder " + static_dir.path.string());
     INFO(st.out);
     REQUIRE(st.rc == 0);
     CHECK_THAT(st.out, Contains("is run again with the exact exchange (no drops)"));
@@ -1274,7 +1275,8 @@ TEST_CASE("an overflowing static exchange re-runs the step: losses equal the exa
     REQUIRE(a.size() == std::stoul(steps));
     REQUIRE(b.size() == a.size());
     auto [loss, norm] = worst_rel(a, b);
-    WARN("ep " << ep << " on " << nproc << " ranks, static 0.25 against exact: max relative loss difference " << loss
+    WARN("ep " << ep << " on " << nproc
+               << " ranks, static 0.25 against exact: max relative loss difference " << loss
                << ", grad norm " << norm);
     CHECK(loss < 1e-6);
     CHECK(norm < 1e-6);

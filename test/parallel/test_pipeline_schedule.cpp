@@ -51,7 +51,7 @@ std::string what_of(const std::function<void()>& f) {
 }
 
 const std::vector<std::string> kGenerated = {
-    "GPipe",         "1F1B", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble",
+    "GPipe",         "1F1B",     "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble",
     "ZBVZeroBubble", "DualPipeV"};
 
 // torchtitan's message and the words of ours that give the same reason.
