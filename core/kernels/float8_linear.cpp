@@ -97,9 +97,9 @@ Operand cast(const at::Tensor& x, const Cast& c, int64_t dim, bool power_of_2,
     return {q.data, q.scale, c.rowwise};
   }
   // fp32: exact for every input dtype, and what every backend reduces.
-  at::Tensor amax = (c.rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true)
-                               : at::amax(at::abs(x)))
-                        .to(at::kFloat);
+  at::Tensor amax =
+      (c.rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::amax(at::abs(x)))
+          .to(at::kFloat);
   reduce->max_(amax);
   const at::Tensor scale = amax_to_scale(amax, c.dtype, power_of_2);
   return {to_float8_saturated(x, scale, c.dtype), scale, c.rowwise};
