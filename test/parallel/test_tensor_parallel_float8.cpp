@@ -5,7 +5,8 @@
 //   every recipe; without the amax all-reduce (a planted fault) they do not;
 // - through the binary: llama3 debugmodel TP 2 equals 1 rank with float8 tensorwise and
 //   rowwise, and FSDP 2 x async TP 2 with the FSDP float8 all-gather and precomputed scales
-//   (405B's float8 recipe in small) equals 1 rank with the same micro-batches.
+//   (405B's float8 recipe in small) equals 1 rank with the same micro-batches;
+// - TP 2 with float8 passes the CPU capture check.
 #include <catch2/catch.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -252,4 +253,24 @@ TEST_CASE(
        << l << ", grad norm " << n);
   CHECK(l < 3e-4);
   CHECK(n < 1e-3);
+}
+
+TEST_CASE("float8 TP: TP 2 with float8 passes the CPU capture check",
+          "[float8][tp][dist][app][compile]") {
+  // The amax all-reduces are device ops on device tensors: no host read, the same op sequence
+  // every step (bf16 compute, as the GPU step).
+  for (const char* recipe : {"tensorwise", "rowwise"}) {
+    DYNAMIC_SECTION(recipe) {
+      test::TempDir dir("f8tp_compile");
+      auto r = train(2,
+                     "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 "
+                     "--compile.enable true --training.steps 5 "
+                     "--quantize.linear.float8.recipe_name " +
+                         std::string(recipe) + " --job.dump_folder " + dir.path.string());
+      INFO(tail(r.out));
+      REQUIRE(r.rc == 0);
+      CHECK_THAT(r.out, Contains("ops per step, static"));
+      CHECK_THAT(r.out, Contains("capture check: 3 steps compared"));
+    }
+  }
 }
