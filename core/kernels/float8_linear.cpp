@@ -218,9 +218,13 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});  // (M, N)
 
     at::Tensor dx, dw;
+    // Tensorwise go is cast the same way for both GEMMs (one e5m2 scale): once, as torchao
+    // casts it once (its TP styles' NoopFwToFloat8BwDynamic); under TP one amax all-reduce.
+    Operand go_tw;
     if (ctx->needs_input_grad(0)) {
       // dx = go w: go's amax over N per row; w^T (K, N)'s over N per row, then transposed.
       const Operand goq = cast(go, p.go, -1, p.power_of_2, red(Dim::M, Dim::N, p.go, Dim::N));
+      if (!p.go.rowwise) go_tw = goq;
       // Pre-cast (tensorwise): the forward's cast of w, which is this GEMM's cast too.
       const Operand wq =
           pre ? Operand{w, saved[2], false}
@@ -232,8 +236,10 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       if (p.go_gw.hp) {
         dw = at::mm(go.t(), x2);
       } else {
+        const bool same = go_tw.data.defined() && !p.go_gw.rowwise && p.go_gw.dtype == p.go.dtype;
         const Operand goq =
-            cast(go, p.go_gw, 0, p.power_of_2, red(Dim::M, Dim::N, p.go_gw, Dim::M)).t();
+            same ? go_tw.t()
+                 : cast(go, p.go_gw, 0, p.power_of_2, red(Dim::M, Dim::N, p.go_gw, Dim::M)).t();
         const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2, red(Dim::M, Dim::K, p.x_gw, Dim::M));
         dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
       }
