@@ -180,8 +180,6 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const at::Tensor w8_data = w8_data_opt.value_or(at::Tensor());
     const at::Tensor w8_scale = w8_scale_opt.value_or(at::Tensor());
     const bool pre = w8_data.defined();
-    // The pre-cast weight is saved instead of w: w may be a stand-in without values.
-    ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale});
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulated"] = emulated;
     ctx->saved_data["tp_split"] = static_cast<int64_t>(tp.split);
@@ -197,6 +195,11 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const Operand xq = cast(x2, p.x, -1, p.power_of_2, red(Dim::M, Dim::K, p.x, Dim::K));
     const Operand wq = pre ? Operand{w8_data.t(), w8_scale, false}
                            : cast(w.t(), p.w, 0, p.power_of_2, red(Dim::N, Dim::K, p.w, Dim::K));
+    // The pre-cast weight is saved instead of w: w may be a stand-in without values. A
+    // tensorwise w's scale is the input-gradient GEMM's too (same dtype, same amax): saved,
+    // so the backward casts w without another amax (and, under TP, all-reduce).
+    const bool same_w = !pre && !p.w.rowwise && !p.w_gi.rowwise && p.w.dtype == p.w_gi.dtype;
+    ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale, same_w ? wq.scale : at::Tensor()});
     return gemm(xq, wq, x2.scalar_type(), k, kFastAccumOutput);
   }
 
@@ -226,8 +229,11 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       const Operand goq = cast(go, p.go, -1, p.power_of_2, red(Dim::M, Dim::N, p.go, Dim::N));
       if (!p.go.rowwise) go_tw = goq;
       // Pre-cast (tensorwise): the forward's cast of w, which is this GEMM's cast too.
+      const at::Tensor& w_scale = saved[3];  // the forward's tensorwise scale of w, or none
       const Operand wq =
           pre ? Operand{w, saved[2], false}
+          : w_scale.defined()
+              ? Operand{to_float8_saturated(w, w_scale, p.w_gi.dtype), w_scale, false}
               : cast(w.t(), p.w_gi, -1, p.power_of_2, red(Dim::N, Dim::K, p.w_gi, Dim::N)).t();
       dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
     }
