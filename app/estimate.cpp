@@ -750,6 +750,10 @@ int run_estimate_command(int argc, char** argv) {
   print_fit(cfg, pl, s, total, g, a.gpu);
   print_exchange(cfg, pl, *m);
   print_time(info, pl, s, g, a.gpu);
+  if (float8_linear_enabled(cfg))
+    std::printf(
+        "float8 linears (model.converters): not modeled; the GEMM time, the activations and the "
+        "FSDP all-gather bytes above are those of bf16 linears (docs/float8.md)\n");
   return 0;
 }
 

@@ -271,7 +271,8 @@ void Trainer::setup_float8() {
           ci.name + " is sm_" + std::to_string(ci.major) + std::to_string(ci.minor) +
           "; allowed: quantize.linear.float8.emulate = true (emulated float8 GEMMs)");
   }
-  const Float8Plan plan = plan_float8_linears(model_->params(), f.filter_fqns, opts.recipe);
+  Float8Plan plan = plan_float8_linears(model_->params(), f.filter_fqns, opts.recipe);
+  if (tp_ > 1) keep_tp_replicated_high_precision(model_->tp_plan(), model_->params(), plan);
   model_->set_float8(opts, plan.converted);
   std::string filtered;
   for (size_t i = 0; i < plan.filtered.size(); ++i) {
@@ -347,6 +348,13 @@ void Trainer::apply_tp() {
         "=> async tensor parallel: the all-gathers before the column-parallel GEMMs and "
         "the reduce-scatters after the row-parallel ones run in chunks of the sequence, "
         "each overlapping another chunk's GEMM (forward and backward)");
+  // The chunked ops run plain GEMMs; a float8 linear falls back to plain TP's composition
+  // (parallel/tensor_parallel.cpp), so its collectives are not overlapped (docs/float8.md).
+  if (async && float8_linear_enabled(cfg_))
+    log_info(
+        "=> async tensor parallel with float8 linears: the float8 linears keep plain TP's "
+        "all-gather and reduce-scatter (not chunked, not overlapped); only the high-precision "
+        "linears are chunked");
   if (split_experts) {
     int64_t mine = 0, whole = 0;
     const TpPlan& plan = model_->tp_plan();

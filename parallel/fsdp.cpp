@@ -431,6 +431,14 @@ void FullyShardedDataParallel::layout_float8(Unit& u) {
   u.row_bytes = (off + 15) / 16 * 16;
 }
 
+// Under tensor parallelism a shard is of a tp slice: the whole weight's amax is also the max
+// over the tp ranks (torchao's Float8ColwiseParallel / Float8RowwiseParallel weights are
+// DTensors over both meshes). Under TP only tp-split linears are float8 (the replicated ones
+// stay in high precision), and a max over equal values would change nothing anyway.
+void FullyShardedDataParallel::reduce_over_tp(at::Tensor& amax) const {
+  if (mesh_.tp_group && mesh_.tp_group->size() > 1) mesh_.tp_group->allreduce(amax, ReduceOp::Max);
+}
+
 at::Tensor FullyShardedDataParallel::float8_scales(Unit& u, const std::vector<at::Tensor>& shards) {
   if (opts_.float8_precompute) {
     // The first step's first gather: no optimizer step has computed them yet (the shards are
@@ -447,6 +455,7 @@ at::Tensor FullyShardedDataParallel::float8_scales(Unit& u, const std::vector<at
     if (u.f8_slot[k] >= 0) amax.push_back(at::amax(at::abs(shards[k].detach())));
   at::Tensor a = at::stack(amax).to(at::kFloat);  // (f8_count)
   u.group->allreduce(a, ReduceOp::Max);
+  reduce_over_tp(a);
   return float8::amax_to_scale(a, at::kFloat8_e4m3fn, /*power_of_2=*/false);
 }
 
@@ -462,6 +471,7 @@ void FullyShardedDataParallel::precompute_float8_scales() {
   at::Tensor amax = at::stack(at::_foreach_norm(shards, std::numeric_limits<double>::infinity()))
                         .to(at::kFloat);  // (slots)
   mesh_.shard_group->allreduce(amax, ReduceOp::Max);
+  reduce_over_tp(amax);
   at::Tensor s = float8::amax_to_scale(amax, at::kFloat8_e4m3fn, /*power_of_2=*/false);
   if (f8_scales_.defined())
     f8_scales_.copy_(s);

@@ -113,6 +113,7 @@ class FullyShardedDataParallel : public GradSync {
   void layout_float8(Unit& u);
   at::Tensor float8_scales(Unit& u, const std::vector<at::Tensor>& shards);
   void precompute_float8_scales();
+  void reduce_over_tp(at::Tensor& amax) const;  // max over the tp group, when there is one
   // Copies the gathered rows (grid, one row per rank) into the unit's full weights.
   void unpack(Unit& u, const at::Tensor& grid, bool refill);
   void gather_into(Unit& u, const std::vector<at::Tensor>& shards, bool refill);

@@ -573,12 +573,6 @@ void validate_float8(const JobConfig& cfg) {
         "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = true without "
         "enable_fsdp_float8_all_gather is not allowed: the scales it precomputes are the float8 "
         "all-gather's; allowed: false, or enable_fsdp_float8_all_gather = true");
-  // A tp rank holds a slice of each weight; torchao's tensorwise scale is the whole weight's
-  // amax (an all-reduce over tp), which the op does not do yet.
-  if (cfg.parallelism.tensor_parallel_degree > 1)
-    throw UserError("parallelism.tensor_parallel_degree = " +
-                    std::to_string(cfg.parallelism.tensor_parallel_degree) +
-                    " with float8 linears (model.converters) is not implemented yet; allowed: 1");
   const auto& ff = f.filter_fqns;
   if (f.recipe_name == "rowwise_with_gw_hp" &&
       std::find(ff.begin(), ff.end(), "auto_filter_small_kn") != ff.end())

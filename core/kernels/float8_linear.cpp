@@ -1,5 +1,7 @@
 #include "core/kernels/float8_linear.h"
 
+#include "core/kernels/float8_tp.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -86,9 +88,34 @@ struct Operand {
   Operand t() const { return {data.t(), scale.dim() > 1 ? scale.t() : scale, rowwise}; }
 };
 
-Operand cast(const at::Tensor& x, const Cast& c, int64_t dim, bool power_of_2) {
-  Quantized q = quantize(x, c.dtype, c.rowwise, dim, power_of_2);
-  return {q.data, q.scale, c.rowwise};
+// `reduce`: the amax is all-reduced (max) over the tp group first (a tp slice's operand whose
+// amax spans the cut dimension), so the scale is the whole tensor's.
+Operand cast(const at::Tensor& x, const Cast& c, int64_t dim, bool power_of_2,
+             const AmaxAllReduce* reduce = nullptr) {
+  if (!reduce) {
+    Quantized q = quantize(x, c.dtype, c.rowwise, dim, power_of_2);
+    return {q.data, q.scale, c.rowwise};
+  }
+  // fp32: exact for every input dtype, and what every backend reduces.
+  at::Tensor amax =
+      (c.rowwise ? at::amax(at::abs(x), {dim}, /*keepdim=*/true) : at::amax(at::abs(x)))
+          .to(at::kFloat);
+  reduce->max_(amax);
+  const at::Tensor scale = amax_to_scale(amax, c.dtype, power_of_2);
+  return {to_float8_saturated(x, scale, c.dtype), scale, c.rowwise};
+}
+
+// The operands of y = x w^T and the dimensions they hold: x (M, K), w (N, K), go (M, N).
+enum class Dim { M, N, K };
+
+// Whether a cast of an operand holding dims (a, b) needs the tp all-reduce: it does when the
+// operand holds the cut dimension and its amax spans it (tensorwise: every dim; rowwise: the
+// GEMM's reduction dim `over`).
+bool spans_cut(TpSplit split, Dim a, Dim b, const Cast& c, Dim over) {
+  if (split == TpSplit::None) return false;
+  const Dim cut = split == TpSplit::Column ? Dim::N : Dim::K;
+  if (a != cut && b != cut) return false;
+  return !c.rowwise || over == cut;
 }
 
 bool row_major(const at::Tensor& t) {
@@ -148,21 +175,31 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x2, const at::Tensor& w,
                             const std::optional<at::Tensor>& w8_data_opt,
                             const std::optional<at::Tensor>& w8_scale_opt, int64_t recipe,
-                            bool emulated) {
+                            bool emulated, const TpSlice& tp) {
     // Optionals: autograd records an undefined tensor argument as an input it cannot describe.
     const at::Tensor w8_data = w8_data_opt.value_or(at::Tensor());
     const at::Tensor w8_scale = w8_scale_opt.value_or(at::Tensor());
     const bool pre = w8_data.defined();
-    // The pre-cast weight is saved instead of w: w may be a stand-in without values.
-    ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale});
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulated"] = emulated;
+    ctx->saved_data["tp_split"] = static_cast<int64_t>(tp.split);
+    if (tp.reduce) ctx->saved_data["tp_reduce"] = at::IValue::make_capsule(tp.reduce);
     const Plan p = plan_of(static_cast<Recipe>(recipe));
     const Kernel k = emulated ? Kernel::Emulated : Kernel::ScaledMm;
-    // The amax of x is over K per row (dim -1); of w^T (K, N) over K per column (dim 0).
-    const Operand xq = cast(x2, p.x, -1, p.power_of_2);
-    const Operand wq =
-        pre ? Operand{w8_data.t(), w8_scale, false} : cast(w.t(), p.w, 0, p.power_of_2);
+    const AmaxAllReduce* r = tp.reduce.get();
+    auto red = [&](Dim a, Dim b, const Cast& c, Dim over) {
+      return spans_cut(tp.split, a, b, c, over) ? r : nullptr;
+    };
+    // The amax of x is over K per row (dim -1); of w^T (K, N) over K per column (dim 0). A
+    // pre-cast w carries its whole weight's scale already (FSDP's float8 all-gather).
+    const Operand xq = cast(x2, p.x, -1, p.power_of_2, red(Dim::M, Dim::K, p.x, Dim::K));
+    const Operand wq = pre ? Operand{w8_data.t(), w8_scale, false}
+                           : cast(w.t(), p.w, 0, p.power_of_2, red(Dim::N, Dim::K, p.w, Dim::K));
+    // The pre-cast weight is saved instead of w: w may be a stand-in without values. A
+    // tensorwise w's scale is the input-gradient GEMM's too (same dtype, same amax): saved,
+    // so the backward casts w without another amax (and, under TP, all-reduce).
+    const bool same_w = !pre && !p.w.rowwise && !p.w_gi.rowwise && p.w.dtype == p.w_gi.dtype;
+    ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale, same_w ? wq.scale : at::Tensor()});
     return gemm(xq, wq, x2.scalar_type(), k, kFastAccumOutput);
   }
 
@@ -173,15 +210,31 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const bool pre = saved[2].defined();
     const Plan p = plan_of(static_cast<Recipe>(ctx->saved_data["recipe"].toInt()));
     const Kernel k = ctx->saved_data["emulated"].toBool() ? Kernel::Emulated : Kernel::ScaledMm;
+    const auto split = static_cast<TpSplit>(ctx->saved_data["tp_split"].toInt());
+    c10::intrusive_ptr<AmaxAllReduce> reduce;
+    if (ctx->saved_data.count("tp_reduce"))
+      reduce = c10::static_intrusive_pointer_cast<AmaxAllReduce>(
+          ctx->saved_data["tp_reduce"].toCapsule());
+    auto red = [&](Dim a, Dim b, const Cast& c, Dim over) {
+      return spans_cut(split, a, b, c, over) ? reduce.get() : nullptr;
+    };
     const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});  // (M, N)
 
     at::Tensor dx, dw;
+    // Tensorwise go is cast the same way for both GEMMs (one e5m2 scale): once, as torchao
+    // casts it once (its TP styles' NoopFwToFloat8BwDynamic); under TP one amax all-reduce.
+    Operand go_tw;
     if (ctx->needs_input_grad(0)) {
       // dx = go w: go's amax over N per row; w^T (K, N)'s over N per row, then transposed.
-      const Operand goq = cast(go, p.go, -1, p.power_of_2);
+      const Operand goq = cast(go, p.go, -1, p.power_of_2, red(Dim::M, Dim::N, p.go, Dim::N));
+      if (!p.go.rowwise) go_tw = goq;
       // Pre-cast (tensorwise): the forward's cast of w, which is this GEMM's cast too.
+      const at::Tensor& w_scale = saved[3];  // the forward's tensorwise scale of w, or none
       const Operand wq =
-          pre ? Operand{w, saved[2], false} : cast(w.t(), p.w_gi, -1, p.power_of_2).t();
+          pre ? Operand{w, saved[2], false}
+          : w_scale.defined()
+              ? Operand{to_float8_saturated(w, w_scale, p.w_gi.dtype), w_scale, false}
+              : cast(w.t(), p.w_gi, -1, p.power_of_2, red(Dim::N, Dim::K, p.w_gi, Dim::N)).t();
       dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
     }
     if (ctx->needs_input_grad(1)) {
@@ -189,12 +242,15 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       if (p.go_gw.hp) {
         dw = at::mm(go.t(), x2);
       } else {
-        const Operand goq = cast(go, p.go_gw, 0, p.power_of_2).t();
-        const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2);
+        const bool same = go_tw.data.defined() && !p.go_gw.rowwise && p.go_gw.dtype == p.go.dtype;
+        const Operand goq =
+            same ? go_tw.t()
+                 : cast(go, p.go_gw, 0, p.power_of_2, red(Dim::M, Dim::N, p.go_gw, Dim::M)).t();
+        const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2, red(Dim::M, Dim::K, p.x_gw, Dim::M));
         dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
       }
     }
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -279,6 +335,13 @@ at::Tensor to_float8_saturated(const at::Tensor& x, const at::Tensor& scale,
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                          const Options& opts, const Quantized* w8) {
+  return float8_linear(x, w, bias, opts, w8, TpSlice{});
+}
+
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                         const Options& opts, const Quantized* w8, const TpSlice& tp) {
+  TORCH_CHECK(tp.split == TpSplit::None || tp.reduce,
+              "float8_linear: a tensor-parallel slice needs its amax all-reduce");
   TORCH_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1),
               "float8_linear: x (..., K) and w (N, K) expected, got ", x.sizes(), " and ",
               w.sizes());
@@ -305,7 +368,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
     w8_scale = w8->scale;
   }
   at::Tensor y = Float8LinearFn::apply(x2, w, w8_data, w8_scale, static_cast<int64_t>(opts.recipe),
-                                       k == Kernel::Emulated);
+                                       k == Kernel::Emulated, tp);
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
   y = y.reshape(shape);

@@ -9,6 +9,7 @@
 
 #include "core/base/strings.h"
 #include "core/train/model.h"
+#include "core/train/tensor_parallel.h"
 
 namespace titan {
 
@@ -30,6 +31,7 @@ struct Mark {
   c10::weak_intrusive_ptr<c10::TensorImpl> impl;
   std::optional<float8::Options> opts;  // set by mark_float8_weight
   float8::Quantized pre;                // set by attach_float8_weight
+  float8::TpSlice tp;                   // set by mark_float8_tp
 };
 
 struct Marks {
@@ -91,6 +93,22 @@ Float8Plan plan_float8_linears(const ParamStore& params,
   return plan;
 }
 
+void keep_tp_replicated_high_precision(const TpPlan& tp_plan, const ParamStore& params,
+                                       Float8Plan& plan) {
+  const std::vector<int64_t> rep = tp_plan.replicated();
+  std::vector<int64_t> kept;
+  for (int64_t i : plan.converted) {
+    if (std::find(rep.begin(), rep.end(), i) == rep.end()) {
+      kept.push_back(i);
+      continue;
+    }
+    const std::string& name = params[i].name;
+    plan.filtered.push_back(name.substr(0, name.size() - 7));  // the fqn: without ".weight"
+    plan.filtered_reasons.push_back("replicated under tensor parallelism");
+  }
+  plan.converted = std::move(kept);
+}
+
 void mark_float8_weight(const at::Tensor& w, const float8::Options& opts) {
   Marks& m = marks();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -104,6 +122,12 @@ void attach_float8_weight(const at::Tensor& w, const float8::Quantized& w8) {
   entry_of(m, w).pre = w8;
 }
 
+void mark_float8_tp(const at::Tensor& w, const float8::TpSlice& tp) {
+  Marks& m = marks();
+  std::lock_guard<std::mutex> lock(m.mu);
+  entry_of(m, w).tp = tp;
+}
+
 std::optional<Float8Weight> float8_weight_of(const at::Tensor& w) {
   Marks& m = marks();
   if (!m.any) return std::nullopt;
@@ -114,7 +138,7 @@ std::optional<Float8Weight> float8_weight_of(const at::Tensor& w) {
   TORCH_CHECK(it->second.opts || !it->second.pre.data.defined(),
               "a weight gathered in float8 reached a linear without its float8 mark");
   if (!it->second.opts) return std::nullopt;
-  return Float8Weight{*it->second.opts, it->second.pre};
+  return Float8Weight{*it->second.opts, it->second.pre, it->second.tp};
 }
 
 void copy_float8_mark(const at::Tensor& from, const at::Tensor& to) {
@@ -125,9 +149,11 @@ void copy_float8_mark(const at::Tensor& from, const at::Tensor& to) {
   if (it == m.by_impl.end() || it->second.impl.expired()) return;
   const std::optional<float8::Options> opts = it->second.opts;  // entry_of may rehash
   const float8::Quantized pre = it->second.pre;
+  const float8::TpSlice tp = it->second.tp;
   Mark& e = entry_of(m, to);
   e.opts = opts;
   e.pre = pre;
+  e.tp = tp;
 }
 
 std::optional<float8::Options> float8_options_of(const at::Tensor& w) {

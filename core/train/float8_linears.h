@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/kernels/float8_linear.h"
+#include "core/kernels/float8_tp.h"
 
 namespace titan {
 
@@ -35,6 +36,14 @@ struct Float8Plan {
 Float8Plan plan_float8_linears(const ParamStore& params,
                                const std::vector<std::string>& filter_fqns, float8::Recipe recipe);
 
+struct TpPlan;
+// Under tensor parallelism, moves the converted linears that the plan replicates over tp
+// (deepseek_v3's MLA down-projections, the MoE shared expert) to `filtered`: their input or
+// output gradient is a sequence shard or a partial sum on each tp rank, so a max over the
+// ranks is not the whole tensor's amax (docs/float8.md, "Tensor parallelism").
+void keep_tp_replicated_high_precision(const TpPlan& tp_plan, const ParamStore& params,
+                                       Float8Plan& plan);
+
 // project()'s side. The weight tensors marked since they were made run in float8 with
 // `opts`; marks end with their tensor. Thread-safe (backward may run on other threads).
 void mark_float8_weight(const at::Tensor& w, const float8::Options& opts);
@@ -44,9 +53,14 @@ std::optional<float8::Options> float8_options_of(const at::Tensor& w);
 // all-gather: e4m3 data of w's shape and its tensorwise scale); w may be a stand-in without
 // values. A weight that is then marked runs its GEMMs on it (float8_linear's w8).
 void attach_float8_weight(const at::Tensor& w, const float8::Quantized& w8);
+// Marks w as a tensor-parallel slice of its weight (Model::weight() does it for the float8
+// linears that tensor parallelism cuts): its GEMMs all-reduce the amaxes the cut spans, so
+// the scales are the whole weight's and the whole activations' (core/kernels/float8_tp.h).
+void mark_float8_tp(const at::Tensor& w, const float8::TpSlice& tp);
 struct Float8Weight {
   float8::Options opts;
   float8::Quantized pre;  // attached float8 form; data undefined: the op casts w itself
+  float8::TpSlice tp;     // split None: a whole weight
 };
 // A marked weight's options and attached form, or nullopt when it is not marked.
 std::optional<Float8Weight> float8_weight_of(const at::Tensor& w);

@@ -37,7 +37,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
   // checkpointing is refused with float8 (validate_config), so the tape never sees one.
   if (std::optional<Float8Weight> f8 = float8_weight_of(w))
     return float8::float8_linear(x, w, at::Tensor(), f8->opts,
-                                 f8->pre.data.defined() ? &f8->pre : nullptr);
+                                 f8->pre.data.defined() ? &f8->pre : nullptr, f8->tp);
   return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
 }
 

@@ -16,6 +16,16 @@ namespace titan {
 
 namespace {
 thread_local bool g_defer_params = false;
+
+// A float8 linear's amax all-reduce over the model's tp group (core/kernels/float8_tp.h).
+class TpAmaxAllReduce : public float8::AmaxAllReduce {
+ public:
+  explicit TpAmaxAllReduce(std::shared_ptr<TensorParallelComm> tp) : tp_(std::move(tp)) {}
+  void max_(at::Tensor& amax) const override { tp_->allreduce(amax, /*max=*/true); }
+
+ private:
+  std::shared_ptr<TensorParallelComm> tp_;
+};
 }  // namespace
 
 DeferParams::DeferParams(bool on) : prev_(g_defer_params) {
@@ -165,7 +175,14 @@ std::vector<int64_t> Model::float8_params() const {
 
 at::Tensor Model::weight(int64_t i) const {
   at::Tensor w = compute_weight(i);
-  if (!float8_.empty() && float8_[static_cast<size_t>(i)]) mark_float8_weight(w, float8_opts_);
+  if (float8_.empty() || !float8_[static_cast<size_t>(i)]) return w;
+  mark_float8_weight(w, float8_opts_);
+  // A tp slice (column: dim 0, row: dim 1) scales as the whole weight (torchao's
+  // Float8ColwiseParallel / Float8RowwiseParallel): its amaxes are all-reduced over tp.
+  const int64_t d = params_[i].tp_dim;
+  if (tp_ && d >= 0)
+    mark_float8_tp(w, {d == 0 ? float8::TpSplit::Column : float8::TpSplit::Row,
+                       c10::make_intrusive<TpAmaxAllReduce>(tp_)});
   return w;
 }
 

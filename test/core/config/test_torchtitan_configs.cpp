@@ -364,12 +364,7 @@ std::string torchtitan_src() {
 std::vector<std::string> unsupported_keys(const std::string& text) {
   std::vector<std::string> out;
   toml::table t = toml::parse(text);
-  // Float8 linears run; what 405B asks of them beside (float8 all-gather) does not yet.
-  if (auto* conv = t["model"]["converters"].as_array(); conv && !conv->empty())
-    for (const char* k :
-         {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"})
-      if (t["quantize"]["linear"]["float8"][k].value_or(false))
-        out.push_back(std::string("quantize.linear.float8.") + k);
+  // Float8 linears run, with the FSDP float8 all-gather and under tensor parallelism.
   if (t["parallelism"]["context_parallel_rotate_method"].value_or<std::string>("allgather") ==
       "alltoall")
     out.push_back("parallelism.context_parallel_rotate_method");
@@ -429,12 +424,13 @@ TEST_CASE("torchtitan-configs: torchtitan's shipped configs load with --dump-con
 }
 
 TEST_CASE(
-    "torchtitan 0.2.2's tensor-parallel configs: 70B and 17Bx16E load, 405B gets past async "
-    "TP and the float8 all-gather and names float8 linears with TP; 17Bx128E's pipeline plans",
+    "torchtitan 0.2.2's tensor-parallel configs: 70B, 17Bx16E and 405B (float8 linears with TP 8, "
+    "async TP, the float8 all-gather) load, 405B's estimate runs at world 512; 17Bx128E's "
+    "pipeline plans",
     "[torchtitan-configs][tp]") {
   // Fixtures with the keys and values of the shipped files (test/core/config/torchtitan_v022).
   const std::string dir = test::source_dir() + "/test/core/config/torchtitan_v022/";
-  for (const char* f : {"llama3_70b.toml", "llama4_17bx16e.toml"}) {
+  for (const char* f : {"llama3_70b.toml", "llama4_17bx16e.toml", "llama3_405b.toml"}) {
     auto r = titan_run("--config " + dir + f + " --dump-config");
     INFO(f << "\n" << r.out.substr(0, 3000));
     CHECK(r.rc == 0);
@@ -443,35 +439,19 @@ TEST_CASE(
   auto a = parse({"--config", dir + "llama4_17bx16e.toml"});
   CHECK(a.cfg.parallelism.tensor_parallel_degree == 8);
   CHECK(a.cfg.parallelism.expert_tensor_parallel_degree == 8);
-  // Async TP and the FSDP float8 all-gather run; what 405B asks for beside them is float8
-  // linears under tp > 1: without float8, 405B loads with async TP on.
-  test::TempDir tmp("tt405");
-  const std::string no_f8ag =
-      std::regex_replace(test::read_file(dir + "llama3_405b.toml"),
-                         std::regex("(enable_fsdp_float8_all_gather|"
-                                    "precompute_float8_dynamic_scale_for_fsdp) = true|"
-                                    "converters = \\[\"float8\"\\]"),
-                         "");
-  test::write_file(tmp.file("405b_no_f8ag.toml"), no_f8ag);
-  auto loads = titan_run("--config " + tmp.file("405b_no_f8ag.toml") + " --dump-config");
-  INFO(loads.out.substr(0, 3000));
-  CHECK(loads.rc == 0);
-  CHECK_THAT(loads.out, Contains("enable_async_tensor_parallel = true"));
-  struct Case {
-    std::string file, key, feature;
-  };
-  const std::vector<Case> cases = {
-      {dir + "llama3_405b.toml", "parallelism.tensor_parallel_degree = 8", "float8 linears"},
-  };
-  for (const Case& c : cases) {
-    auto r = titan_run("--config " + c.file + " --dump-config");
-    INFO(c.file << "\n" << r.out);
-    CHECK(r.rc == 2);
-    CHECK_THAT(r.out, Contains(c.key) && Contains(c.feature) &&
-                          (Contains("titan-train does not support yet") ||
-                           Contains("is not implemented yet") || Contains("is not allowed")));
-    CHECK_THAT(r.out, !Contains("enable_fsdp_float8_all_gather"));
-  }
+  // 405B as shipped (float8 linears, TP 8 with async TP, FSDP's float8 all-gather with
+  // precomputed scales): its layout passes the checks of a 512-rank world (dp_shard -1 -> 64)
+  // and estimate plans it there.
+  const std::string big = "--config " + dir + "llama3_405b.toml";
+  auto b = parse({"--config", dir + "llama3_405b.toml"});
+  CHECK(b.cfg.parallelism.enable_async_tensor_parallel);
+  CHECK(b.cfg.float8.enable_fsdp_float8_all_gather);
+  CHECK_NOTHROW(validate_for_world(b.cfg, 512));
+  auto est405 = titan_run("estimate " + big + " --world 512");
+  INFO(est405.out);
+  CHECK(est405.rc == 0);
+  CHECK_THAT(est405.out, Contains("dp_shard 64 x tp 8") && Contains("step time: "));
+  WARN("llama3 405B (torchtitan v0.2.2's config) estimate at world 512:\n" << est405.out);
   // 17Bx128E gets past the pipeline keys: --dump-config loads it, its layout (PP 4 x FSDP 8
   // x TP 8 with expert TP 8) passes the checks of a 256-rank world, estimate plans it there,
   // and --dump-schedule plans it (its local_batch_size 1 is 1 micro-batch, too few for 1F1B
