@@ -1,5 +1,7 @@
 #include "core/kernels/float8_linear.h"
 
+#include "core/kernels/weight_grad_store.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -155,6 +157,9 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const bool pre = w8_data.defined();
     // The pre-cast weight is saved instead of w: w may be a stand-in without values.
     ctx->save_for_backward({x2, pre ? w8_data : w, w8_scale});
+    // The weight as received (not unpacked from a saved variable): a deferred W
+    // (core/kernels/weight_grad_store.h) backpropagates its gradient from it.
+    ctx->saved_data["w"] = w;
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulated"] = emulated;
     const Plan p = plan_of(static_cast<Recipe>(recipe));
@@ -185,14 +190,18 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
     }
     if (ctx->needs_input_grad(1)) {
-      // dw = go^T x: both amaxes over M (dim 0).
-      if (p.go_gw.hp) {
-        dw = at::mm(go.t(), x2);
-      } else {
+      // dw = go^T x: both amaxes over M (dim 0). A zero-bubble I leaves it to the W
+      // (core/kernels/weight_grad_store.h), with go and x (high precision) stashed.
+      auto grad_w = [go, x2, p, k] {
+        if (p.go_gw.hp) return at::mm(go.t(), x2);
         const Operand goq = cast(go, p.go_gw, 0, p.power_of_2).t();
         const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2);
-        dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
-      }
+        return gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
+      };
+      if (WeightGradStore* store = weight_grad_deferral())
+        store->add(ctx->saved_data["w"].toTensor(), grad_w);
+      else
+        dw = grad_w();
     }
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/kernels/ops.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 #include "core/train/recompute.h"
 
@@ -38,7 +39,9 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
   if (std::optional<Float8Weight> f8 = float8_weight_of(w))
     return float8::float8_linear(x, w, at::Tensor(), f8->opts,
                                  f8->pre.data.defined() ? &f8->pre : nullptr);
-  return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
+  if (op_tape_active()) return tape_project(x, w);
+  // A zero-bubble schedule's stage forward: a backward that can leave grad_w for its W.
+  return split_backward_forward() ? deferrable_linear(x, w) : at::linear(x, w);
 }
 
 at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

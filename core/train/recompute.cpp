@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 
 namespace titan {
@@ -42,6 +43,9 @@ variable_list rerun_and_grad(const std::function<at::Tensor(const at::Tensor&,
     RecomputeScope scope;
     y = run(inputs[0], w);
   }
+  // The weights here are detached copies: a deferred weight gradient would land on them, so
+  // a zero-bubble I computes a recomputed block's weight gradients at once.
+  NoWeightGradDeferral fused;
   std::vector<at::Tensor> need;
   std::vector<size_t> where;
   for (size_t i = 0; i < inputs.size(); ++i)

@@ -100,6 +100,28 @@ TEST_CASE("pp: every schedule on PP 2 trains llama3 as 1 rank does", "[pp][dist]
                      {2, sched + "ZBVZeroBubble " + kTwoPerRank}});
 }
 
+TEST_CASE("pp: zero-bubble W deferral equals 1 rank under FSDP, async TP, float8 and AC",
+          "[pp][dist][app][wgrad]") {
+  // The split backward's deferred weight gradients (docs/distributed.md, "Split backwards")
+  // where they meet other layouts: FSDP's gathered aliases (one reduce-scatter per unit, at
+  // W), async TP's fused GEMMs, float8 linears, and full activation checkpointing (fused).
+  const std::string zbv = "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " + kTwoPerRank;
+  const std::string izb =
+      "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble " + kTwoPerRank;
+  check_layouts("--training.global_batch_size 8",
+                {{4, "--parallelism.pipeline_parallel_degree 2 " + zbv},
+                 {4,
+                  "--parallelism.pipeline_parallel_degree 2 "
+                  "--parallelism.tensor_parallel_degree 2 "
+                  "--parallelism.enable_async_tensor_parallel true " +
+                      izb}});
+  check_layouts(
+      "--model.converters float8 --training.local_batch_size 1 "
+      "--training.global_batch_size 4",
+      {{2, "--training.local_batch_size 4 " + zbv}});
+  check_layouts("--activation_checkpoint.mode full", {{2, izb}});
+}
+
 TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
   test::TempDir dir("pp_mem");
   auto r = train(2, "--parallelism.pipeline_parallel_degree 2", dir.path.string());
