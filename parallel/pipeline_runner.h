@@ -13,8 +13,8 @@
 // I backpropagates with a WeightGradStore of the (stage, micro-batch) deferring, so the
 // input gradient and the parameters outside the linear layers (norms, embeddings, grouped
 // experts) get their gradients while the linear layers' grad_w GEMMs are stashed (grad_out
-// and x); W runs those GEMMs and backpropagates them from the recorded weights. What stays
-// fused (recomputed blocks) is listed in docs/distributed.md.
+// and x); W runs those GEMMs and backpropagates them from the recorded weights. What stays in
+// I is listed in docs/distributed.md ("Split backwards").
 #pragma once
 
 #include <ATen/ATen.h>

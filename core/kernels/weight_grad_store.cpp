@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 #include <utility>
@@ -76,6 +77,16 @@ void WeightGradStore::clear() {
   weights_.clear();
   grads_.clear();
   after_.clear();
+}
+
+std::vector<std::pair<at::Tensor, std::function<at::Tensor()>>> WeightGradStore::take_from(
+    size_t first) {
+  std::vector<std::pair<at::Tensor, std::function<at::Tensor()>>> out;
+  for (size_t i = first; i < weights_.size(); ++i)
+    out.emplace_back(std::move(weights_[i]), std::move(grads_[i]));
+  weights_.resize(std::min(first, weights_.size()));
+  grads_.resize(weights_.size());
+  return out;
 }
 
 void WeightGradStore::after_flush(std::function<void()> fn) {

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace titan {
@@ -31,6 +32,9 @@ class WeightGradStore {
   // Runs `fn` at the end of the next flush(), after its backward: for work an I held back
   // for its W (FSDP's reduce-scatter of a unit whose W may never reach it).
   void after_flush(std::function<void()> fn);
+  // Removes and returns the records from index `first` on, each a weight and its GEMM: a
+  // block's recompute re-adds them on the block's own weight tensors.
+  std::vector<std::pair<at::Tensor, std::function<at::Tensor()>>> take_from(size_t first);
 
  private:
   std::vector<at::Tensor> weights_;
@@ -53,9 +57,7 @@ class DeferWeightGrads {
   WeightGradStore* prev_;
 };
 
-// Suspends deferral while alive: a block's recompute (core/train/recompute.h)
-// differentiates detached copies of its weights, so a record there would route its gradient
-// to a copy nobody reads; those GEMMs run at once instead.
+// Suspends deferral while alive.
 class NoWeightGradDeferral {
  public:
   NoWeightGradDeferral();
@@ -71,8 +73,8 @@ class NoWeightGradDeferral {
 WeightGradStore* weight_grad_deferral();
 
 // While alive (a split-backward schedule's stage forward), project() routes its GEMMs
-// through deferrable_linear, so their backward can be deferred. Outside it project() is
-// at::linear, untouched.
+// through deferrable_linear, so their backward can be deferred; so does a block's recompute
+// inside a deferring backward. Elsewhere project() is at::linear, untouched.
 class SplitBackwardForward {
  public:
   explicit SplitBackwardForward(bool on);

@@ -40,8 +40,10 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
     return float8::float8_linear(x, w, at::Tensor(), f8->opts,
                                  f8->pre.data.defined() ? &f8->pre : nullptr);
   if (op_tape_active()) return tape_project(x, w);
-  // A zero-bubble schedule's stage forward: a backward that can leave grad_w for its W.
-  return split_backward_forward() ? deferrable_linear(x, w) : at::linear(x, w);
+  // A zero-bubble schedule's stage forward, or a block recomputed in its I: a backward that
+  // can leave grad_w for the W (core/kernels/weight_grad_store.h).
+  return split_backward_forward() || weight_grad_deferral() ? deferrable_linear(x, w)
+                                                            : at::linear(x, w);
 }
 
 at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -3,6 +3,7 @@
 // records one GEMM per layer; flush() (the W) gives the gradients of a fused backward. The
 // reference is the same graph's fused backward; tolerance 1e-6 relative (fp32, the same
 // GEMMs in the same order, so in practice the same bits), 1e-5 under float8 emulation.
+// Recomputed blocks (activation checkpointing) defer too.
 #include <catch2/catch.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -81,7 +82,7 @@ TEST_CASE("weight-grad store: an I leaves the linear weights' grads to W, which 
   CHECK(rel(p.norm.grad(), ref.norm.grad()) < 1e-6);  // W did not add to it again
 }
 
-TEST_CASE("weight-grad store: float8 linears defer too; a recomputed block stays fused",
+TEST_CASE("weight-grad store: float8 linears defer too",
           "[pp][wgrad]") {
   const float8::Options f8{float8::Recipe::Tensorwise, /*emulate=*/true};
   const at::Tensor x0 = at::randn({6, 16});
@@ -104,23 +105,46 @@ TEST_CASE("weight-grad store: float8 linears defer too; a recomputed block stays
   store.flush();
   REQUIRE(w.grad().defined());
   CHECK(rel(w.grad(), ref.grad()) < 1e-5);
+}
 
-  // Full activation checkpointing: the rerun differentiates detached copies of the weights,
-  // so its GEMMs run at once and nothing is recorded.
-  Params p = make_params();
-  BlockFn block = [&](const at::Tensor& h, const std::vector<at::Tensor>& ws) {
-    return project(at::gelu(project(h, ws[0])), ws[1]);
+TEST_CASE("weight-grad store: recomputed blocks (full and op-level AC) defer onto their weights",
+          "[pp][wgrad]") {
+  // The rerun differentiates detached copies of the block's weights; its records are moved
+  // onto the weights the block received (here the parameters), so W fills their grads.
+  BlockFn block = [](const at::Tensor& h, const std::vector<at::Tensor>& ws) {
+    return project(at::gelu(project(project(h, ws[0]), ws[1])), ws[2]);
   };
-  at::Tensor x = at::randn({2, 5, 8}).requires_grad_();
-  WeightGradStore fused;
-  {
-    // The rerun too routes project() through deferrable_linear here.
-    SplitBackwardForward split(true);
-    at::Tensor y = checkpoint_block(block, x, {p.w1, p.w2});
-    DeferWeightGrads defer(&fused);
+  const OpCheckpointPolicy policy;
+  const at::Tensor x0 = at::randn({2, 5, 8});
+  auto run = [&](bool ops, WeightGradStore* store) {
+    at::manual_seed(5);
+    std::vector<at::Tensor> ws{at::randn({16, 8}).requires_grad_(),
+                               at::randn({16, 16}).requires_grad_(),
+                               at::randn({8, 16}).requires_grad_()};
+    at::Tensor x = x0.clone().requires_grad_();
+    at::Tensor y;
+    {
+      SplitBackwardForward split(store != nullptr);
+      y = ops ? checkpoint_block_ops(block, x, ws, policy) : checkpoint_block(block, x, ws);
+    }
+    std::optional<DeferWeightGrads> defer;
+    if (store) defer.emplace(store);
     torch::autograd::backward({y}, {at::ones_like(y)});
+    ws.push_back(x);
+    return ws;
+  };
+  for (bool ops : {false, true}) {
+    INFO((ops ? "op-level" : "full") << " checkpointing");
+    const auto ref = run(ops, nullptr);
+    WeightGradStore store;
+    const auto got = run(ops, &store);
+    CHECK(store.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(!got[i].grad().defined());
+    CHECK(rel(got[3].grad(), ref[3].grad()) < 1e-6);  // the input's, in I
+    store.flush();
+    for (size_t i = 0; i < 3; ++i) {
+      REQUIRE(got[i].grad().defined());
+      CHECK(rel(got[i].grad(), ref[i].grad()) < 1e-6);
+    }
   }
-  CHECK(fused.size() == 0);
-  CHECK(p.w1.grad().defined());
-  CHECK(p.w2.grad().defined());
 }
