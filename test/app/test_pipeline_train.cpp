@@ -104,7 +104,8 @@ TEST_CASE("pp: zero-bubble W deferral equals 1 rank under FSDP, async TP, float8
           "[pp][dist][app][wgrad]") {
   // The split backward's deferred weight gradients (docs/distributed.md, "Split backwards")
   // where they meet other layouts: FSDP's gathered aliases (one reduce-scatter per unit, at
-  // W), async TP's fused GEMMs, float8 linears, and full activation checkpointing (fused).
+  // W), async TP's fused GEMMs, float8 linears, and full and op-level activation
+  // checkpointing.
   const std::string zbv = "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " + kTwoPerRank;
   const std::string izb =
       "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble " + kTwoPerRank;
@@ -119,7 +120,13 @@ TEST_CASE("pp: zero-bubble W deferral equals 1 rank under FSDP, async TP, float8
       "--model.converters float8 --training.local_batch_size 1 "
       "--training.global_batch_size 4",
       {{2, "--training.local_batch_size 4 " + zbv}});
-  check_layouts("--activation_checkpoint.mode full", {{2, izb}});
+  // Recomputed blocks: the rerun's records move onto the block's (gathered) weights.
+  check_layouts("--activation_checkpoint.mode full --training.global_batch_size 8",
+                {{2, "--training.local_batch_size 8 " + izb},
+                 {4, "--parallelism.pipeline_parallel_degree 2 " + zbv}});
+  check_layouts(
+      "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
+      {{2, zbv}});
 }
 
 TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
