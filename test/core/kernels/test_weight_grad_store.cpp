@@ -82,8 +82,7 @@ TEST_CASE("weight-grad store: an I leaves the linear weights' grads to W, which 
   CHECK(rel(p.norm.grad(), ref.norm.grad()) < 1e-6);  // W did not add to it again
 }
 
-TEST_CASE("weight-grad store: float8 linears defer too",
-          "[pp][wgrad]") {
+TEST_CASE("weight-grad store: float8 linears defer too", "[pp][wgrad]") {
   const float8::Options f8{float8::Recipe::Tensorwise, /*emulate=*/true};
   const at::Tensor x0 = at::randn({6, 16});
   const at::Tensor gy = at::randn({6, 32});
