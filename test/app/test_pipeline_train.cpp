@@ -127,6 +127,9 @@ TEST_CASE("pp: zero-bubble W deferral equals 1 rank under FSDP, async TP, float8
   check_layouts(
       "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
       {{2, zbv}});
+  // MoE: routers and shared experts defer, the grouped experts stay in I.
+  check_layouts("--model.name llama4", {{2, zbv}});
+  check_layouts("--model.name deepseek_v3", {{2, izb}});
 }
 
 TEST_CASE("pp: a rank allocates only its stages", "[pp][dist][app]") {
