@@ -135,8 +135,9 @@ TEST_CASE("pp: zero-bubble W deferral equals 1 rank under FSDP, async TP, float8
         "--parallelism.pipeline_parallel_degree 2 --training.local_batch_size 2 "
         "--quantize.linear.float8.enable_fsdp_float8_all_gather true ";
     test::TempDir fused_dir("pp_f8_fused"), split_dir("pp_f8_split");
-    auto a = train(4, f8 + "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank,
-                   fused_dir.path.string());
+    auto a =
+        train(4, f8 + "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank,
+              fused_dir.path.string());
     INFO(a.out);
     REQUIRE(a.rc == 0);
     auto b = train(4, f8 + izb, split_dir.path.string());
