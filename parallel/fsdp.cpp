@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/kernels/float8_linear.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 #include "parallel/flat_grad_allreduce.h"
 
@@ -134,6 +135,9 @@ struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gathe
     ctx->saved_data["self"] = self_ptr;
     ctx->saved_data["unit"] = unit;
     Unit& u = *self->units_[static_cast<size_t>(unit)];
+    // A weight without a gradient stays undefined: start_reduce_scatter sends zeros for it,
+    // and a zero-bubble I (below) holds no full-size zeros.
+    ctx->set_materialize_grads(false);
     if (alias)
       self->alias_full(u);
     else
@@ -142,7 +146,28 @@ struct FullyShardedDataParallel::Gather : public torch::autograd::Function<Gathe
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* self = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["self"].toInt());
-    Unit& u = *self->units_[static_cast<size_t>(ctx->saved_data["unit"].toInt())];
+    const int64_t unit = ctx->saved_data["unit"].toInt();
+    Unit& u = *self->units_[static_cast<size_t>(unit)];
+    if (WeightGradStore* store = weight_grad_deferral()) {
+      // A zero-bubble I: the linear weights' gradients come later, in the W, through this
+      // node again. Hold the ones that came now (norms) until then, so the unit is
+      // reduce-scattered once; if the W never reaches this node (no deferred linear in
+      // the unit), its flush reduce-scatters them after its backward.
+      auto held = std::make_shared<variable_list>(std::move(grads));
+      ctx->saved_data["held"] = reinterpret_cast<int64_t>(held.get());
+      store->after_flush([self, unit, held] {
+        if (held->empty()) return;  // the W merged them
+        self->start_reduce_scatter(*self->units_[static_cast<size_t>(unit)], *held);
+        held->clear();
+      });
+      return variable_list(3 + u.params.size());
+    }
+    if (auto it = ctx->saved_data.find("held"); it != ctx->saved_data.end()) {
+      auto& held = *reinterpret_cast<variable_list*>(it->second.toInt());  // the I's, alive
+      for (size_t k = 0; k < held.size() && k < grads.size(); ++k)
+        if (held[k].defined()) grads[k] = grads[k].defined() ? grads[k] + held[k] : held[k];
+      held.clear();
+    }
     // The shard gradients arrive when the reduce-scatter is waited for (reduce_gradients),
     // not through autograd, so backward goes on while it runs.
     self->start_reduce_scatter(u, grads);

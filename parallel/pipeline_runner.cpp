@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 
 namespace titan {
@@ -25,6 +26,8 @@ PipelineRunner::PipelineRunner(Model& model, ProcessGroup& pp, PipelineStagePlan
               "PipelineRunner: the schedule places the stages on other ranks than the plan");
   check_schedule(schedule_);  // a UserError naming the fault (deadlock, missing action)
   stages_ = plan_.stages_of_rank(rank_);
+  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)])
+    split_ = split_ || a.type == ActionType::kBackwardWeight;
   for (int64_t s : stages_) {
     const PipelineStageSpec& spec = plan_.stages[static_cast<size_t>(s)];
     TORCH_CHECK(spec.end_layer <= model.num_blocks(), "PipelineRunner: stage ", s,
@@ -51,6 +54,7 @@ void PipelineRunner::reset() {
   output_.clear();
   objective_.clear();
   grad_out_.clear();
+  deferred_.clear();
   loss_ = at::Tensor();
 }
 
@@ -75,11 +79,15 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
     const auto c0 = Clock::now();
     if (a.type == ActionType::kForward)
       forward(a, micro, global_tokens, aux_div);
-    else if (a.type != ActionType::kBackwardWeight)  // W: done by its I (see the header)
+    else if (a.type == ActionType::kBackwardWeight)
+      backward_weight(a);
+    else
       backward(a);
     computing += Clock::now() - c0;
   }
   transfer(batch);
+  TORCH_CHECK(deferred_.empty(), "PipelineRunner: an I action without its W (",
+              deferred_.begin()->first.first, ", ", deferred_.begin()->first.second, ")");
   if (p2p_) p2p_->finish_sends();
   compute_ms_ = std::chrono::duration<double, std::milli>(computing).count();
   total_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -106,7 +114,11 @@ void PipelineRunner::forward(const Action& a, const std::vector<MicroBatch>& mic
     in = src.detach().requires_grad_(true);
     input_[key] = in;
   }
-  at::Tensor h = model_.forward_stage(in, spec.has_embeddings, spec.first_layer, spec.end_layer);
+  at::Tensor h;
+  {
+    SplitBackwardForward split(split_);  // linear layers whose grad_w can wait for a W
+    h = model_.forward_stage(in, spec.has_embeddings, spec.first_layer, spec.end_layer);
+  }
   at::Tensor aux = model_.aux_loss();  // this forward's MoE layers only
   at::Tensor aux_term = aux.defined() ? aux / aux_div : at::Tensor();
   if (spec.has_head) {
@@ -140,10 +152,22 @@ void PipelineRunner::backward(const Action& a) {
     roots.push_back(it->second);
     grads.push_back(at::ones_like(it->second));
   }
-  torch::autograd::backward(roots, grads);
+  {
+    // I: the linear layers' grad_w GEMMs go to the store; W runs them.
+    std::optional<DeferWeightGrads> defer;
+    if (a.type == ActionType::kBackwardInput) defer.emplace(&deferred_[key]);
+    torch::autograd::backward(roots, grads);
+  }
   output_.erase(key);
   objective_.erase(key);
   grad_out_.erase(key);
+}
+
+void PipelineRunner::backward_weight(const Action& a) {
+  auto it = deferred_.find({a.stage, a.microbatch});
+  TORCH_CHECK(it != deferred_.end(), "PipelineRunner: ", a.str(), " before its I");
+  it->second.flush();
+  deferred_.erase(it);
 }
 
 void PipelineRunner::transfer(const std::vector<Action>& batch) {

@@ -8,10 +8,13 @@
 // Model::head_loss_sum. A stage's input that arrives from another stage is a leaf that
 // requires grad, so its backward yields the gradient the schedule sends back.
 //
-// Split backwards (the zero-bubble schedules' I and W): I runs the stage's whole backward,
-// input and weight gradients together, and W has nothing left to do. The order is the
-// schedule's and the numbers are exact; the weight-gradient deferral that shortens the
-// bubble on a GPU is not realized yet (docs/distributed.md says so).
+// Split backwards (the zero-bubble schedules' I and W): a stage's forward under such a
+// schedule routes its linear layers through deferrable_linear (core/kernels/weight_grad_store.h);
+// I backpropagates with a WeightGradStore of the (stage, micro-batch) deferring, so the
+// input gradient and the parameters outside the linear layers (norms, embeddings, grouped
+// experts) get their gradients while the linear layers' grad_w GEMMs are stashed (grad_out
+// and x); W runs those GEMMs and backpropagates them from the recorded weights. What stays in
+// I is listed in docs/distributed.md ("Split backwards").
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "core/data/loader.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/model.h"
 #include "parallel/pipeline_p2p.h"
 #include "parallel/pipeline_schedule.h"
@@ -65,6 +69,7 @@ class PipelineRunner {
   void forward(const Action& a, const std::vector<MicroBatch>& micro, double global_tokens,
                double aux_div);
   void backward(const Action& a);
+  void backward_weight(const Action& a);
   void transfer(const std::vector<Action>& batch);
   void reset();
 
@@ -79,6 +84,8 @@ class PipelineRunner {
   std::map<Key, at::Tensor> output_;     // a stage's output, until its backward
   std::map<Key, at::Tensor> objective_;  // the last stage's objective / another's aux term
   std::map<Key, at::Tensor> grad_out_;   // the gradient received for a stage's output
+  std::map<Key, WeightGradStore> deferred_;  // an I's weight-gradient GEMMs, until its W
+  bool split_ = false;                       // the schedule has W actions
   at::Tensor loss_;
   double compute_ms_ = 0, total_ms_ = 0;
 };

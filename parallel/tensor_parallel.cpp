@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/base/errors.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 #include "core/train/recompute.h"
 
@@ -225,8 +226,16 @@ struct AsyncGatherProject : public torch::autograd::Function<AsyncGatherProject>
       return sum.defined() ? sum : at::zeros({n, buf.size(2), buf.size(3), D}, buf.options());
     };
     auto weight_grads = [&] {
-      const at::Tensor xs = unchunk(buf).reshape({-1, D});  // (B * T, D)
-      for (int64_t i : live) grads[1 + i] = gy[i].reshape({-1, gy[i].size(2)}).t().mm(xs);
+      for (int64_t i : live) {
+        auto gw = [g = gy[i].reshape({-1, gy[i].size(2)}), buf, D] {
+          return g.t().mm(unchunk(buf).reshape({-1, D}));  // (B * T, O)^T (B * T, D)
+        };
+        // A zero-bubble I leaves the weight GEMMs to its W (core/kernels/weight_grad_store.h).
+        if (WeightGradStore* store = weight_grad_deferral())
+          store->add(saved[1 + i], gw);
+        else
+          grads[1 + i] = gw();
+      }
     };
     grads[0] = reduce_scattered_chunks(pg, c, part, weight_grads);
     return grads;
@@ -259,7 +268,14 @@ struct AsyncProjectReduce : public torch::autograd::Function<AsyncProjectReduce>
     at::Tensor buf = at::empty({c, n, B, L, D}, go.options());  // the gathered gradient
     std::vector<at::Tensor> gx;
     gathered_chunks(pg, go, buf, [&](int64_t j) { gx.push_back(at::matmul(buf.select(0, j), w)); });
-    at::Tensor gw = unchunk(buf).reshape({-1, D}).t().mm(x.reshape({-1, x.size(2)}));
+    auto grad_w = [buf, x, D] {
+      return unchunk(buf).reshape({-1, D}).t().mm(x.reshape({-1, x.size(2)}));
+    };
+    at::Tensor gw;
+    if (WeightGradStore* store = weight_grad_deferral())  // a zero-bubble I: W computes it
+      store->add(w, grad_w);
+    else
+      gw = grad_w();
     return {unchunk(at::stack(gx)), gw, at::Tensor()};
   }
 };

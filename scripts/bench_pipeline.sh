@@ -5,7 +5,8 @@
 # the pipelines rank 0's bubble: as scheduled (unit ticks, backward = 2 forwards; for GPipe
 # and 1F1B (p-1)/(m+p-1)) and as measured (1 - time in compute / time in the schedule,
 # host clock). Layouts run in rotation PP_BENCH_ROUNDS times (default 2); the best tokens/s
-# of the rounds is kept, so machine noise hits all alike.
+# of the rounds is kept, so machine noise hits all alike. PP_BENCH_ORDER picks layouts (it
+# must hold fsdp2, the baseline of the ratio), e.g. "fsdp2 zbv izb".
 # Usage: scripts/bench_pipeline.sh [STEPS] [BATCH] [SEQ]   (TITAN_SKIP_BUILD=1: no build first)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +30,7 @@ declare -A layouts=(
   [zbv]="$pp --parallelism.pipeline_parallel_schedule ZBVZeroBubble $two"
   [dualpipev]="$pp --parallelism.pipeline_parallel_schedule DualPipeV $two"
 )
-order="fsdp2 gpipe 1f1b interleaved izb zbv dualpipev"
+order="${PP_BENCH_ORDER:-fsdp2 gpipe 1f1b interleaved izb zbv dualpipev}"
 
 run() {  # layout round -> one JSON line {tps, scheduled, measured, loss}
   local out="$work/$1-$2"

@@ -40,6 +40,7 @@ HOT_PATH = [
     "parallel/expert_parallel.*", "parallel/process_group.*",
     "core/train/context_parallel.*", "parallel/context_parallel.*",
     "parallel/tensor_parallel.*", "core/train/tensor_parallel.h",
+    "core/kernels/weight_grad_store.*", "parallel/pipeline_runner.*",
 ]
 # In a hot-path folder but outside the step.
 NOT_HOT = {

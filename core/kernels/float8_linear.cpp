@@ -1,6 +1,7 @@
 #include "core/kernels/float8_linear.h"
 
 #include "core/kernels/float8_tp.h"
+#include "core/kernels/weight_grad_store.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -180,6 +181,9 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const at::Tensor w8_data = w8_data_opt.value_or(at::Tensor());
     const at::Tensor w8_scale = w8_scale_opt.value_or(at::Tensor());
     const bool pre = w8_data.defined();
+    // The weight as received (not unpacked from a saved variable): a deferred W
+    // (core/kernels/weight_grad_store.h) backpropagates its gradient from it.
+    ctx->saved_data["w"] = w;
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulated"] = emulated;
     ctx->saved_data["tp_split"] = static_cast<int64_t>(tp.split);
@@ -238,17 +242,25 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       dx = gemm(goq, wq, go.scalar_type(), k, kFastAccumGrads);
     }
     if (ctx->needs_input_grad(1)) {
-      // dw = go^T x: both amaxes over M (dim 0).
-      if (p.go_gw.hp) {
-        dw = at::mm(go.t(), x2);
-      } else {
+      // dw = go^T x: both amaxes over M (dim 0). A zero-bubble I leaves it to the W
+      // (core/kernels/weight_grad_store.h), with go and x (high precision) stashed; under TP
+      // its amax all-reduces then run in the W, which every tp rank runs in the same order.
+      auto grad_w = [go, x2, p, k, go_tw, reduce, split] {
+        if (p.go_gw.hp) return at::mm(go.t(), x2);
+        auto red = [&](Dim a, Dim b, const Cast& c, Dim over) {
+          return spans_cut(split, a, b, c, over) ? reduce.get() : nullptr;
+        };
         const bool same = go_tw.data.defined() && !p.go_gw.rowwise && p.go_gw.dtype == p.go.dtype;
         const Operand goq =
             same ? go_tw.t()
                  : cast(go, p.go_gw, 0, p.power_of_2, red(Dim::M, Dim::N, p.go_gw, Dim::M)).t();
         const Operand xq = cast(x2, p.x_gw, 0, p.power_of_2, red(Dim::M, Dim::K, p.x_gw, Dim::M));
-        dw = gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
-      }
+        return gemm(goq, xq, go.scalar_type(), k, kFastAccumGrads);
+      };
+      if (WeightGradStore* store = weight_grad_deferral())
+        store->add(ctx->saved_data["w"].toTensor(), grad_w);
+      else
+        dw = grad_w();
     }
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/kernels/ops.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 #include "core/train/recompute.h"
 
@@ -38,7 +39,11 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) {
   if (std::optional<Float8Weight> f8 = float8_weight_of(w))
     return float8::float8_linear(x, w, at::Tensor(), f8->opts,
                                  f8->pre.data.defined() ? &f8->pre : nullptr, f8->tp);
-  return op_tape_active() ? tape_project(x, w) : at::linear(x, w);
+  if (op_tape_active()) return tape_project(x, w);
+  // A zero-bubble schedule's stage forward, or a block recomputed in its I: a backward that
+  // can leave grad_w for the W (core/kernels/weight_grad_store.h).
+  return split_backward_forward() || weight_grad_deferral() ? deferrable_linear(x, w)
+                                                            : at::linear(x, w);
 }
 
 at::Tensor causal_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

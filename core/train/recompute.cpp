@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/float8_linears.h"
 
 namespace titan {
@@ -23,6 +24,34 @@ struct RecomputeScope {
   RecomputeScope(const RecomputeScope&) = delete;
   RecomputeScope& operator=(const RecomputeScope&) = delete;
 };
+
+// A zero-bubble I deferred the rerun's weight GEMMs (core/kernels/weight_grad_store.h) with
+// the detached copies of the block's weights as their weights: each record is pointed at the
+// weight as the block received it (saved[i], whose history leads to the parameter). A record
+// on another tensor (a weight the block transformed before its GEMM) is computed now and
+// differentiated back to the copies through the retained graph, into `out`.
+void retarget_deferred(WeightGradStore& store, size_t first, const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& saved, const std::vector<at::Tensor>& need,
+                       const std::vector<size_t>& where, variable_list& out) {
+  std::vector<at::Tensor> roots, dws;
+  for (auto& [w, gemm] : store.take_from(first)) {
+    size_t i = 1;
+    while (i < inputs.size() && !inputs[i].is_same(w)) ++i;
+    if (i < inputs.size()) {
+      store.add(saved[i], std::move(gemm));
+    } else {
+      at::NoGradGuard no_grad;
+      roots.push_back(w);
+      dws.push_back(gemm());
+    }
+  }
+  if (roots.empty()) return;
+  NoWeightGradDeferral now;
+  auto g = torch::autograd::grad(roots, need, dws, /*retain_graph=*/false,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t j = 0; j < where.size(); ++j)
+    if (g[j].defined()) out[where[j]] = out[where[j]].defined() ? out[where[j]] + g[j] : g[j];
+}
 
 // Reruns a block with grad on detached copies of its saved inputs [x, w...] and returns the
 // gradients of those inputs (undefined where an input needs none).
@@ -46,10 +75,13 @@ variable_list rerun_and_grad(const std::function<at::Tensor(const at::Tensor&,
   std::vector<size_t> where;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].requires_grad()) need.push_back(inputs[i]), where.push_back(i);
-  auto grads = torch::autograd::grad({y}, need, {grad_y}, /*retain_graph=*/false,
+  WeightGradStore* store = weight_grad_deferral();  // a zero-bubble I (see below)
+  const size_t first = store ? store->size() : 0;
+  auto grads = torch::autograd::grad({y}, need, {grad_y}, /*retain_graph=*/store != nullptr,
                                      /*create_graph=*/false, /*allow_unused=*/true);
   variable_list out(inputs.size());
   for (size_t j = 0; j < where.size(); ++j) out[where[j]] = grads[j];
+  if (store) retarget_deferred(*store, first, inputs, saved, need, where, out);
   return out;
 }
 
@@ -132,7 +164,13 @@ struct TapedLinear : public torch::autograd::Function<TapedLinear> {
     at::Tensor g = grad_out[0].reshape({-1, w.size(0)});
     at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) dx = g.mm(w).view(x.sizes());
-    if (ctx->needs_input_grad(1)) dw = g.t().mm(x.reshape({-1, x.size(-1)}));
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+      if (WeightGradStore* store = weight_grad_deferral())  // a zero-bubble I: W runs it
+        store->add(w, [g, x2] { return g.t().mm(x2); });
+      else
+        dw = g.t().mm(x2);
+    }
     return {dx, dw, at::Tensor()};
   }
 };
@@ -260,7 +298,8 @@ at::Tensor tape_project(const at::Tensor& x, const at::Tensor& w) {
   OpTape& t = *g_tape;
   // torchtitan's op policy: forced shapes are not counted; of the others, every second GEMM
   // (the 2nd, 4th, ...) is recomputed.
-  if (force_recompute(t, w) || ++t.mm_count % 2 == 0) return at::linear(x, w);
+  if (force_recompute(t, w) || ++t.mm_count % 2 == 0)  // in a zero-bubble I: deferrable
+    return weight_grad_deferral() ? deferrable_linear(x, w) : at::linear(x, w);
   if (!t.replay) {
     at::Tensor y = at::linear(x, w);
     t.push(kLinear, {y});
