@@ -64,18 +64,21 @@ pack() {
   rm -rf "$g" && mkdir -p "$g"
   tar cf - -C "$s" . | xz -6 -T2 >"$g/payload.tar.xz"
   # torchtitan (scripts/versions.env), the benchmarks' anchor: its py3-none-any wheel alone
-  # (0.4 MiB). The GPU machine has torch and reaches no registry; the driver stubs the
-  # training-only imports torchtitan's wheel would pull in (tyro, torchdata, datasets,
-  # tensorboard), so no other wheel is needed. Kept in the cache: a pack needs no network
-  # after the first.
-  local ttv
-  ttv="$(grep '^TORCHTITAN_VERSION=' "$root/scripts/versions.env" | cut -d= -f2)"
+  # (0.4 MiB), and torchao's (3.4 MiB, abi3; its float8 training is Python over torch's
+  # _scaled_mm) for torchtitan's float8 converter. The GPU machine has torch and reaches no
+  # registry; the driver stubs the training-only imports torchtitan's wheel would pull in
+  # (tyro, torchdata, datasets, tensorboard), so no other wheel is needed. Kept in the
+  # cache: a pack needs no network after the first.
   mkdir -p "$cache/wheels" "$g/wheels"
-  if ! ls "$cache/wheels/torchtitan-$ttv-"*.whl >/dev/null 2>&1; then
-    "$TITAN_PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp --platform manylinux_2_28_x86_64 "torchtitan==$ttv" -d "$cache/wheels"
-  fi
-  cp "$cache/wheels/torchtitan-$ttv-"*.whl "$g/wheels/"
+  local pkg ver
+  for pkg in torchtitan torchao; do
+    ver="$(grep "^$(echo "$pkg" | tr a-z A-Z)_VERSION=" "$root/scripts/versions.env" | cut -d= -f2)"
+    if ! ls "$cache/wheels/$pkg-$ver-"*.whl >/dev/null 2>&1; then
+      "$TITAN_PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 "$pkg==$ver" -d "$cache/wheels"
+    fi
+    cp "$cache/wheels/$pkg-$ver-"*.whl "$g/wheels/"
+  done
   {
     echo "BUILT_SOURCE_DIR=$root"
     echo "BUILT_BUILD_DIR=$build"
@@ -156,14 +159,17 @@ run_check() {
     [ -f "$w" ] && "$py" -m zipfile -e "$w" "$TT_SITE" && echo "[gpu_check] installed $(basename "$w") into $TT_SITE"
   done
   if [ "$rehearsal" = 1 ] && [ -d "$TT_SITE/torchtitan" ]; then
-    # No GPU here: the torchtitan driver runs 2 CPU steps of the debugmodel from that folder.
+    # No GPU here: the torchtitan driver runs 2 CPU steps of the debugmodel from that folder,
+    # with torchtitan's float8 converter (torchao from the same folder, emulated on the CPU).
     PYTHONPATH="$TT_SITE" "$py" test/reference/torchtitan_bench.py --device cpu --dtype fp32 \
-      --seq_len 32 --batch 1 --steps 2 --warmup 1 2>/dev/null | "$py" -c '
+      --seq_len 32 --batch 1 --steps 2 --warmup 1 --float8 tensorwise 2>/dev/null | "$py" -c '
 import json, sys
-o = json.loads(sys.stdin.read().strip().splitlines()[-1]); r = o["runs"][0]
+lines = sys.stdin.read().strip().splitlines()
+o = json.loads(lines[-1]); r = o["runs"][0]
+f8 = [l for l in lines if "linears converted" in l]
 print("[gpu_check] rehearsal: torchtitan", o["torchtitan"], "from", o["torchtitan_path"] + ":",
-      r["mode"], "losses", r["losses"], "error", r["error"])
-sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 else 1)' ||
+      r["mode"], "losses", r["losses"], "error", r["error"], "|", (f8 or ["no float8 line"])[0])
+sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 and f8 else 1)' ||
       { echo "[gpu_check] rehearsal: the torchtitan driver failed on the CPU: the pack is incomplete"; exit 1; }
   fi
   export GPU_CHECK_T0=$(date +%s)
@@ -212,7 +218,7 @@ sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 else 1)' ||
   step bench_capture 100 step_bench_capture
   step bench_llama3_1b 160 step_bench_llama3_1b
   step bench_llama3_8b_4l 160 step_bench_llama3_8b_4l
-  step bench_float8_8b 120 step_bench_float8
+  step bench_float8_8b 220 step_bench_float8
   step bench_deepseek_16b_4l 220 step_bench_deepseek
   summarize "$work" "$out" "$t_start"
 }
@@ -397,9 +403,10 @@ step_bench_llama3_8b_4l() {
 # 4096, ffn 14336, 32/8 heads, vocab 128256) with 2 layers, batch 2 x 4096, eager: tokens/s and
 # peak memory ratios float8 / bf16. Fails when the float8 run fails or ends with a non-finite
 # loss, or when a GPU of SM89 or later ran the emulated GEMMs instead of _scaled_mm (the
-# start-up line "float8: recipe tensorwise, scaled_mm GEMMs on cuda:0" says which). torchtitan
-# with float8 is not run: it needs torchao on the GPU machine, which the pack does not carry
-# (docs/gpu.md).
+# start-up line "float8: recipe tensorwise, scaled_mm GEMMs on cuda:0" says which). Then
+# torchtitan with its own float8 converter (torchao's Float8Linear, the same recipe and the
+# output left out; torchao's wheel is carried beside torchtitan's), eager and compiled, and
+# titan-train's float8 run against it (vs_torchtitan).
 step_bench_float8() {
   need_gpu
   local m=(--config configs/llama3_debug.toml --model.flavor 8B --model.n_layers 2
@@ -425,6 +432,9 @@ def figs(name):
 (tb, pb), (tf, pf) = figs("llama3_8b_2l_bf16"), figs("llama3_8b_2l_float8")
 print(f"float8/bf16: tps x{tf / tb:.2f}, peak x{pf / pb:.2f};", end=" ")
 PY
+  torchtitan llama3_8b_2l_float8_tt 100 --model llama3 --flavor 8B --n_layers 2 --seq_len 4096 \
+    --batch 2 --steps 8 --warmup 2 --float8 tensorwise || fig "torchtitan float8: failed;"
+  vs_torchtitan llama3_8b_2l_float8 2 llama3_8b_2l_float8_tt
 }
 
 # DeepSeek-V3 16B x 4 layers on the three experts backends, each asked for by name (cutlass

@@ -106,6 +106,9 @@ def parse_args(argv=None):
     ap.add_argument("--oom_batch", type=int, default=0,
                     help="a mode out of memory at --batch runs again at this batch (0: not)")
     ap.add_argument("--out", default="", help="also write the JSON here, after every mode")
+    ap.add_argument("--float8", default="none", choices=["none", "tensorwise", "rowwise"],
+                    help="torchtitan's float8 linear converter (torchao) with this recipe, every "
+                         "linear but the output (titan-train's --model.converters float8)")
     a = ap.parse_args(argv)
     if a.compile is not None:
         a.modes = "compile" if a.compile else "eager"
@@ -138,6 +141,13 @@ def job_config(a, compile_on):
     jc.optimizer.implementation = "fused"
     jc.lr_scheduler.warmup_steps = a.warmup_steps
     jc.metrics.log_freq = 1
+    if a.float8 != "none":
+        # torchtitan's own converter (quantize.linear.float8), as its float8 configs set it;
+        # emulated on the CPU (the rehearsal), as its converter allows in eager mode.
+        jc.model.converters = ["quantize.linear.float8"]
+        jc.quantize.linear.float8.recipe_name = a.float8
+        jc.quantize.linear.float8.filter_fqns = ["output"]
+        jc.quantize.linear.float8.emulate = a.device == "cpu"
     return jc
 
 
@@ -189,6 +199,15 @@ def build_model(a, jc, ma, parallel_dims, device):
         model = Model(ma)
     # On the untied model: the output GEMM runs whether or not its weight is shared.
     n_params, flops_per_token = ma.get_nparams_and_flops(model, jc.training.seq_len)
+    if jc.model.converters:  # before parallelize, as Trainer.__init__
+        import torchtitan.components.quantization  # noqa: F401  (registers the converters)
+        from torchtitan.protocols.model_converter import build_model_converters
+
+        build_model_converters(jc, parallel_dims).convert(model)
+        n8 = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+        print(f"[torchtitan_bench] float8: {n8} linears converted, recipe "
+              f"{jc.quantize.linear.float8.recipe_name}"
+              f"{' (emulated)' if jc.quantize.linear.float8.emulate else ''}", flush=True)
     model = parallelize(model, parallel_dims, jc)
     model.to_empty(device=device)
     with torch.no_grad():

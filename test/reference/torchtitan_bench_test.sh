@@ -8,10 +8,12 @@
 # (no site-packages) on a folder of links to exactly those packages plus torchtitan, so an
 # import the GPU machine could not satisfy fails here too.
 #
-# Two tiny runs, eager (compile takes ~2 minutes of inductor C++ builds on this CPU):
+# Three tiny runs, eager (compile takes ~2 minutes of inductor C++ builds on this CPU):
 #   llama3 debugmodel with --tie 1, 3 steps: loss falls, finite grad norms, the parameter
 #     count drops by the shared 2048 x 256 table, and FLOPs/token equal the formula below;
-#   deepseek_v3 debugmodel, 2 layers (1 dense, 1 MoE), full activation checkpointing, 3 steps.
+#   deepseek_v3 debugmodel, 2 layers (1 dense, 1 MoE), full activation checkpointing, 3 steps;
+#   llama3 debugmodel with torchtitan's float8 converter (torchao, which gpu_check packs
+#     beside torchtitan; emulated on the CPU): the 42 block linears converted, the output not.
 # Skips (TITAN_TEST_SKIPPED) where TITAN_PYTHON lacks torch or torchtitan 0.2.2.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +46,10 @@ for d in "$site"/*.dist-info; do
   esac
 done
 ln -s "$tt" "$tmp/site/torchtitan"
+ao=$("$py" -c 'import importlib.util as u; print(u.find_spec("torchao").submodule_search_locations[0])' 2>/dev/null) || {
+  echo "TITAN_TEST_SKIPPED: $py has no torchao (scripts/setup.sh installs it)"; exit 0; }
+ln -s "$ao" "$tmp/site/torchao"
+for d in "$site"/torchao-*.dist-info; do [ -e "$d" ] && ln -s "$d" "$tmp/site/"; done
 
 run() {
   local name=$1; shift
@@ -57,6 +63,7 @@ run() {
 }
 run llama3 --model llama3 --flavor debugmodel --seq_len 64 --batch 2 --tie 1 --lr 3e-3
 run dsv3 --model deepseek_v3 --flavor debugmodel --n_layers 2 --seq_len 64 --batch 2 --ac full
+run llama3_f8 --model llama3 --flavor debugmodel --seq_len 64 --batch 2 --float8 tensorwise
 
 "$py" - "$tmp" "$tmp/site/torchtitan" <<'PY'
 import json, math, os, sys
@@ -66,7 +73,7 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond:
         bad.append(what)
-for name in ("llama3", "dsv3"):
+for name in ("llama3", "dsv3", "llama3_f8"):
     out = json.loads(open(f"{tmp}/{name}.json").read().strip().splitlines()[-1])
     (r,) = out["runs"]
     check(out["torchtitan"] == "0.2.2" and out["torchtitan_path"] == tt_dir,
@@ -76,7 +83,11 @@ for name in ("llama3", "dsv3"):
           f"{name}: 3 finite losses and grad norms {r['losses']} {r['grad_norms']}")
     check(len(r["tps"]) == 3 and r["tps_median"] and r["tps_median"] > 0,
           f"{name}: tokens/s per step {r['tps']}, median of the last 2 {r['tps_median']}")
-    if name == "llama3":
+    if name == "llama3_f8":
+        lines = open(f"{tmp}/{name}.json").read()
+        check("float8: 42 linears converted, recipe tensorwise (emulated)" in lines,
+              "llama3_f8: torchtitan's float8 converter swapped the 42 block linears (not the output)")
+    elif name == "llama3":
         # torchtitan's dense formula, from the debugmodel's sizes: dim 256, 6 layers, 16 heads,
         # vocab 2048, SwiGLU hidden 768 (8 * 256 / 3 = 682, rounded up to 256).
         dim, L, H, V, F, T = 256, 6, 16, 2048, 768, 64
