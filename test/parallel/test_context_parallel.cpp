@@ -195,8 +195,8 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
 
 TEST_CASE("CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and CP 2 x EP match 1 rank for llama3 and deepseek_v3",
           "[cp][dist]") {
-  // The same global batch of 4 sequences of 64 tokens, 4 steps. CP 2 is one dp rank (both cp
-  // ranks read the same windows and run 32 tokens of each); CP 2 x FSDP 2 two dp ranks of
+  // The same global batch of 4 sequences of 256 tokens, 4 steps. CP 2 is one dp rank (both
+  // cp ranks read the same windows and run 128 tokens of each); CP 2 x FSDP 2 two dp ranks of
   // 2 sequences, the parameters sharded over all 4. Reference: one process; the logged losses
   // and gradient norms must agree to 1e-5 relative (fp32 sums in another order).
   struct Layout {
@@ -233,7 +233,7 @@ TEST_CASE("CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and CP 2 x EP match 1 rank for llama
   // Plain loops, not sections: each reference run is made once.
   for (const char* model : {"llama3", "deepseek_v3"}) {
     const std::string common =
-        "--config configs/llama3_debug.toml --training.seq_len 64 --metrics.log_freq 1 "
+        "--config configs/llama3_debug.toml --training.seq_len 256 --metrics.log_freq 1 "
         "--validation.enable false --metrics.enable_tensorboard false --training.device cpu "
         "--training.steps 4 --debug.seed 3 --model.name " +
         std::string(model) + " ";
