@@ -93,6 +93,16 @@ PipelinePlan plan_pipeline(const JobConfig& cfg, int64_t n_layers, bool tied_emb
     compute = make_schedule(plan.stages.schedule.name, opt.pp_degree, plan.stages.stages_per_rank,
                             plan.microbatches);
   }
+  // DualPipeV's forward + backward pairs: overlapped when they can hide an expert all-to-all
+  // (not under capture: a CUDA graph replays one stream). Otherwise plain actions, lowered
+  // with each SEND right after its compute, which leaves a smaller bubble.
+  for (const auto& row : compute.ranks)
+    for (const Action& a : row) plan.has_pairs = plan.has_pairs || a.paired;
+  plan.overlap_pairs = plan.has_pairs && p.pipeline_parallel_expert_parallel_overlap &&
+                       p.expert_parallel_degree > 1 && !cfg.compile.enable;
+  if (!plan.overlap_pairs)
+    for (auto& row : compute.ranks)
+      for (Action& a : row) a.paired = false;
   plan.schedule = compute.has_comms() ? compute : add_transfers(compute);
   plan.timeline = check_schedule(plan.schedule);
   return plan;

@@ -19,6 +19,8 @@ struct PipelinePlan {
   ScheduleTimeline timeline;
   int64_t n_layers = 0;
   int64_t microbatches = 0;
+  bool has_pairs = false;      // the schedule has DualPipeV's forward + backward pairs
+  bool overlap_pairs = false;  // which run overlapped (else they were lowered as plain actions)
 };
 
 // The stage split and the checked schedule of cfg's [parallelism] pipeline keys for a model

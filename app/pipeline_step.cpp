@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/base/log.h"
+
 namespace titan {
 
 PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp,
@@ -21,6 +23,7 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
   runner_ = std::make_unique<PipelineRunner>(model, pp, plan_.stages, plan_.schedule,
                                              std::move(activation), dtype, device);
   params_ = runner_->stage_params();
+  runner_->set_overlap_pairs(plan_.overlap_pairs);  // DualPipeV's pairs (plan_pipeline)
   if (!allocate) return;
   model.params().materialize(params_);
   model.init_weights(seed);  // draws only the allocated parameters (the streams are by name)
@@ -107,6 +110,13 @@ std::string PipelineTraining::describe() const {
     for (size_t i = 0; i < spec.fqns.size(); ++i) os << (i ? " " : "") << spec.fqns[i];
     os << "]";
   }
+  if (plan_.overlap_pairs)
+    os << "; each forward + backward pair overlaps its expert all-to-alls "
+          "(pipeline_parallel_expert_parallel_overlap)";
+  else if (plan_.has_pairs && cfg_.parallelism.expert_parallel_degree > 1)
+    os << "; the forward + backward pairs run one after the other"
+       << (cfg_.compile.enable ? " (compile.enable: the captured step is one stream)"
+                               : " (pipeline_parallel_expert_parallel_overlap = false)");
   return os.str();
 }
 
@@ -133,6 +143,13 @@ at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& mic
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({big.tokens.narrow(0, k * mbs, mbs), big.labels.narrow(0, k * mbs, mbs)});
     at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
+    if (plan_.overlap_pairs && !overlap_logged_) {
+      overlap_logged_ = true;
+      log_info("=> pipeline: " + std::to_string(runner_->last_overlapped_pairs()) +
+               " forward + backward pairs ran overlapped, passing the turn " +
+               std::to_string(runner_->last_overlap_turns()) +
+               " times at their expert all-to-alls");
+    }
     if (o.plant_host_read && holds_last_stage()) plant_host_read(loss);
     compute_ms_ += runner_->last_compute_ms();
     total_ms_ += runner_->last_total_ms();

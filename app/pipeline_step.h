@@ -78,6 +78,7 @@ class PipelineTraining : public StepPhases {
   Model& model_;
   ProcessGroup& pp_;
   PipelinePlan plan_;
+  bool overlap_logged_ = false;  // the first step's count of overlapped pairs
   std::unique_ptr<PipelineRunner> runner_;
   std::unique_ptr<PipelineRunner> eval_runner_;  // forwards only, validation's shapes
   at::ScalarType dtype_;

@@ -8,6 +8,7 @@
 
 #include "core/base/log.h"
 #include "core/train/recompute.h"
+#include "parallel/overlap_pair.h"
 
 namespace titan {
 namespace {
@@ -20,6 +21,16 @@ int64_t sum_of(const std::vector<int64_t>& v) {
   for (int64_t x : v) n += x;
   return n;
 }
+// An all-to-all that, inside DualPipeV's overlapped pair, lets the pair's other half compute
+// while it is in flight (parallel/overlap_pair.h). `in` stays alive until the wait.
+void all_to_all_turn(ProcessGroup& pg, at::Tensor& out, const at::Tensor& in,
+                     const std::vector<int64_t>& out_splits,
+                     const std::vector<int64_t>& in_splits) {
+  CommWork work = pg.all_to_all_start(out, in, out_splits, in_splits);
+  overlap_turn();
+  work.wait();
+}
+
 // Differentiable row all-to-all: the gradient travels back along the reversed splits.
 // `saved`: the output of an op-level checkpoint's forward (then no communication), or nothing.
 struct AllToAll : public torch::autograd::Function<AllToAll> {
@@ -34,7 +45,7 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
     std::vector<int64_t> shape = x.sizes().vec();
     shape[0] = sum_of(out_splits);
     at::Tensor out = at::empty(shape, x.options());
-    pg.all_to_all(out, x.contiguous(), out_splits, in_splits);
+    all_to_all_turn(pg, out, x.contiguous(), out_splits, in_splits);
     return {out};
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
@@ -44,7 +55,7 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
     std::vector<int64_t> shape = g[0].sizes().vec();
     shape[0] = sum_of(in_splits);
     at::Tensor gx = at::empty(shape, g[0].options());
-    pg.all_to_all(gx, g[0].contiguous(), in_splits, out_splits);
+    all_to_all_turn(pg, gx, g[0].contiguous(), in_splits, out_splits);
     variable_list r{gx};
     r.resize(5);  // pg, splits and the optional saved output: none
     return r;
@@ -145,7 +156,7 @@ class ProcessGroupExchange : public ExpertExchange {
     at::Tensor send_counts = counts.to(at::kLong).contiguous();
     at::Tensor recv_counts = at::empty_like(send_counts);
     const std::vector<int64_t> even(static_cast<size_t>(P), El);
-    pg_.all_to_all(recv_counts, send_counts, even, even);
+    all_to_all_turn(pg_, recv_counts, send_counts, even, even);
     return recv_counts;
   }
 

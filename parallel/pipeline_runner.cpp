@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "parallel/overlap_pair.h"
+
 namespace titan {
 
 PipelineRunner::PipelineRunner(Model& model, ProcessGroup& pp, PipelineStagePlan plan,
@@ -68,8 +70,11 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Clock::duration computing{0};
+  overlapped_pairs_ = overlap_turns_ = 0;
   std::vector<Action> batch;  // consecutive transfers: one tick
-  for (const Action& a : schedule_.ranks[static_cast<size_t>(rank_)]) {
+  const std::vector<Action>& acts = schedule_.ranks[static_cast<size_t>(rank_)];
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const Action& a = acts[i];
     if (!a.is_compute()) {
       batch.push_back(a);
       continue;
@@ -77,12 +82,20 @@ at::Tensor PipelineRunner::run(const std::vector<MicroBatch>& micro, double glob
     transfer(batch);
     batch.clear();
     const auto c0 = Clock::now();
-    if (a.type == ActionType::kForward)
+    // Lowering put a paired forward's backward right after it (pipeline_schedule.h).
+    if (overlap_pairs_ && a.paired && i + 1 < acts.size() &&
+        acts[i + 1].type == ActionType::kBackward) {
+      const Action& b = acts[++i];
+      overlap_turns_ += run_overlapped_pair([&] { forward(a, micro, global_tokens, aux_div); },
+                                            [&] { backward(b); });
+      ++overlapped_pairs_;
+    } else if (a.type == ActionType::kForward) {
       forward(a, micro, global_tokens, aux_div);
-    else if (a.type == ActionType::kBackwardWeight)
+    } else if (a.type == ActionType::kBackwardWeight) {
       backward_weight(a);
-    else
+    } else {
       backward(a);
+    }
     computing += Clock::now() - c0;
   }
   transfer(batch);

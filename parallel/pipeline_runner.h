@@ -58,6 +58,14 @@ class PipelineRunner {
   double last_compute_ms() const { return compute_ms_; }
   double last_total_ms() const { return total_ms_; }
 
+  // DualPipeV's paired forward + backward actions run overlapped (parallel/overlap_pair.h):
+  // each expert all-to-all of one half is in flight while the other half computes. Off,
+  // they run one after the other. Either way the numbers are the same.
+  void set_overlap_pairs(bool on) { overlap_pairs_ = on; }
+  // Pairs of the last run() that ran overlapped, and the turns they passed.
+  int64_t last_overlapped_pairs() const { return overlapped_pairs_; }
+  int64_t last_overlap_turns() const { return overlap_turns_; }
+
   int64_t rank() const { return rank_; }
   const std::vector<int64_t>& stages() const { return stages_; }  // this rank's, in order
   // Store indices of the parameters of this rank's stages (the model's ParamUnits
@@ -86,6 +94,8 @@ class PipelineRunner {
   std::map<Key, at::Tensor> grad_out_;   // the gradient received for a stage's output
   std::map<Key, WeightGradStore> deferred_;  // an I's weight-gradient GEMMs, until its W
   bool split_ = false;                       // the schedule has W actions
+  bool overlap_pairs_ = false;
+  int64_t overlapped_pairs_ = 0, overlap_turns_ = 0;
   at::Tensor loss_;
   double compute_ms_ = 0, total_ms_ = 0;
 };

@@ -319,16 +319,18 @@ Ops dualpipev_ops(int64_t rank, int64_t p, int64_t m) {
     weight();
     forward(c1);
   }
+  auto pair = [&](int64_t f, int64_t b) {  // OVERLAP_F_B
+    forward(f);
+    ops.back().paired = true;
+    full(b);
+  };
   for (int64_t i = 0; i < m - 2 * p + rank + 1; ++i) {  // 4: (F0 B1) (F1 B0)
-    forward(c0);
-    full(c1);
-    forward(c1);
-    full(c0);
+    pair(c0, c1);
+    pair(c1, c0);
   }
   for (int64_t i = 0; i < p - rank - 1; ++i) {  // 5: B1 (F1 B0)
     full(c1);
-    forward(c1);
-    full(c0);
+    pair(c1, c0);
   }
   bool zero_bubble = false;  // 6: B1 B0, the second half as I's
   const int64_t step6 = rank + 1;
@@ -461,15 +463,32 @@ PipelineSchedule add_transfers(const PipelineSchedule& in) {
   auto remote = [&](int64_t a, int64_t b) { return where.at(a) != where.at(b); };
   for (size_t r = 0; r < in.ranks.size(); ++r) {
     Ops ops;
-    for (const auto& a : in.ranks[r]) {
+    auto recv = [&](const Action& a) {
       const int64_t s = a.stage, j = a.microbatch;
-      const bool fwd = a.type == ActionType::kForward;
+      if (a.type == ActionType::kForward && s > 0 && remote(s - 1, s))
+        ops.push_back(act(s, ActionType::kRecvF, j));
       const bool bwd = a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput;
-      if (fwd && s > 0 && remote(s - 1, s)) ops.push_back(act(s, ActionType::kRecvF, j));
       if (bwd && s < last && remote(s + 1, s)) ops.push_back(act(s, ActionType::kRecvB, j));
-      ops.push_back(a);
-      if (fwd && s < last && remote(s + 1, s)) ops.push_back(act(s, ActionType::kSendF, j));
+    };
+    auto send = [&](const Action& a) {
+      const int64_t s = a.stage, j = a.microbatch;
+      if (a.type == ActionType::kForward && s < last && remote(s + 1, s))
+        ops.push_back(act(s, ActionType::kSendF, j));
+      const bool bwd = a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput;
       if (bwd && s > 0 && remote(s - 1, s)) ops.push_back(act(s, ActionType::kSendB, j));
+    };
+    const Ops& acts = in.ranks[r];
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const bool pair = acts[i].paired && i + 1 < acts.size();
+      const Action& a = acts[i];
+      const Action* b = pair ? &acts[i + 1] : nullptr;
+      recv(a);
+      if (b) recv(*b);
+      ops.push_back(a);
+      if (b) ops.push_back(*b);
+      send(a);
+      if (b) send(*b);
+      i += b ? 1 : 0;
     }
     out.ranks[r] = std::move(ops);
   }

@@ -11,7 +11,7 @@
 // GPipe and 1F1B as their single-stage runtimes execute them, LoopedBFS, Interleaved1F1B,
 // InterleavedZeroBubble and ZBVZeroBubble as their _calculate_single_rank_operations
 // order them. DualPipeV's overlapped forward + backward pairs are written as the forward,
-// then the full backward.
+// marked `paired`, then the full backward.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +58,11 @@ struct Action {
   int64_t stage = 0;
   ActionType type = ActionType::kForward;
   int64_t microbatch = 0;
+  // DualPipeV's OVERLAP_F_B: this forward and the next compute action, a full backward of
+  // another stage, form one pair. Lowering receives both inputs before the pair and sends
+  // both results after it; the runner may run the two overlapped (parallel/overlap_pair.h).
+  // Not part of the action's identity (==, str) nor of the CSV form.
+  bool paired = false;
 
   bool is_compute() const;
   // PyTorch's _Action.__repr__: stage, type code, micro-batch ("1B0", "2SEND_F3").
@@ -106,7 +111,9 @@ PipelineSchedule make_forward_schedule(const std::vector<int64_t>& stage_to_rank
 
 // Lowers a compute-only schedule: a SEND right after each compute whose consumer lives on
 // another rank, the matching RECV right before that consumer. Stages adjacent on one rank
-// (the V's turn) pass tensors locally and get no transfer.
+// (the V's turn) pass tensors locally and get no transfer. A paired forward and its backward
+// get their RECVs together before the pair and their SENDs together after it (PyTorch's
+// OVERLAP_F_B runtime does the same).
 PipelineSchedule add_transfers(const PipelineSchedule& compute_only);
 
 // torchtitan's pipeline_parallel_schedule_csv format: one row per rank, one action string

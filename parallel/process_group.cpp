@@ -526,23 +526,26 @@ int64_t ProcessGroup::all_to_all_calls() {
 void ProcessGroup::all_to_all(at::Tensor& out, const at::Tensor& in,
                               const std::vector<int64_t>& out_splits,
                               const std::vector<int64_t>& in_splits) {
+  all_to_all_start(out, in, out_splits, in_splits).wait();
+}
+
+CommWork ProcessGroup::all_to_all_start(at::Tensor& out, const at::Tensor& in,
+                                        const std::vector<int64_t>& out_splits,
+                                        const std::vector<int64_t>& in_splits) {
   ++g_all_to_alls;
   TITAN_COLLECTIVE_SCOPE("all-to-all", out, in, c10::IValue(out_splits), c10::IValue(in_splits));
   if (!impl_->backend) {
     out.copy_(in);
-    return;
+    return {};
   }
   count_comm("all-to-all", in);
-  WaitTimer timer(impl_->cuda);
-  c10::intrusive_ptr<c10d::Work> work;
   try {
     at::Tensor src = in;
     std::vector<int64_t> os = out_splits, is = in_splits;
-    work = impl_->backend->alltoall_base(out, src, os, is);
+    return make_work(impl_->backend->alltoall_base(out, src, os, is), "all-to-all", nullptr);
   } catch (const std::exception& e) {
     die(impl_->global_rank, "all-to-all", e);
   }
-  finish_work(std::move(work), impl_->cuda, impl_->op_timeout, impl_->global_rank, "all-to-all");
 }
 
 void ProcessGroup::send_recv(const std::vector<P2POp>& ops) {

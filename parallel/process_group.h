@@ -126,6 +126,10 @@ class ProcessGroup {
   // rows for this rank into out's rows [sum(out_splits[:r]), +out_splits[r]).
   void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                   const std::vector<int64_t>& in_splits);
+  // The same, started and not waited for (`out` and `in` untouched until the wait).
+  CommWork all_to_all_start(at::Tensor& out, const at::Tensor& in,
+                            const std::vector<int64_t>& out_splits,
+                            const std::vector<int64_t>& in_splits);
   // Point-to-point: one send of `tensor` to, or one receive into it from, rank `peer` of this
   // group. A send and its receive carry the same tag (gloo matches on it; NCCL matches the
   // ops between two ranks in issue order, which the tag then only documents).

@@ -81,6 +81,7 @@ struct ParallelismSection {
   int64_t pipeline_parallel_layers_per_stage = 0;  // 0: unset (torchtitan's None)
   int64_t pipeline_parallel_first_stage_less_layers = 1;
   int64_t pipeline_parallel_last_stage_less_layers = 1;
+  bool pipeline_parallel_expert_parallel_overlap = true;  // DualPipeV pairs overlap EP a2a
   // One entry per stage: its module names separated by spaces (a TOML array of arrays is
   // read into this form).
   std::vector<std::string> module_fqns_per_model_part;

@@ -258,6 +258,10 @@ void parallelism_options(std::vector<Option>& out) {
         &ParallelismSection::pipeline_parallel_last_stage_less_layers, 1,
         "Layers the final norm and output count as in the stage split")
       .range(0.0, kNoMax);
+  s.add("pipeline_parallel_expert_parallel_overlap",
+        &ParallelismSection::pipeline_parallel_expert_parallel_overlap, true,
+        "DualPipeV with expert_parallel_degree > 1: each forward + backward pair runs "
+        "overlapped, one half's expert all-to-all in flight while the other computes");
   s.add("module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part, Strings{},
         "Explicit stage split: per stage, its modules (tok_embeddings, layers.N, norm, output) "
         "in forward order; TOML: an array of arrays; command line: stages separated by commas, "
@@ -549,7 +553,6 @@ const std::vector<std::string> kIgnored = {
     "parallelism.enable_compiled_autograd",
     "parallelism.disable_loss_parallel",
     "parallelism.pipeline_parallel_split_points",
-    "parallelism.pipeline_parallel_expert_parallel_overlap",
     "parallelism.expert_parallel_comm_backend",
     "checkpoint.enable_first_step_checkpoint",
     "checkpoint.enable_ft_dataloader_checkpoints",
