@@ -6,6 +6,7 @@
 
 #include "core/base/errors.h"
 #include "core/base/log.h"
+#include "core/kernels/weight_grad_store.h"
 #include "core/train/recompute.h"
 #include "moe/float8_grouped_gemm.h"
 
@@ -248,9 +249,23 @@ struct GroupedSwiGLU : public torch::autograd::Function<GroupedSwiGLU> {
     at::Tensor dg = expert_gemm(GemmForm::NN, dy, w2, offs, k, f8);  // (M, H)
     at::Tensor dh1 = at::silu_backward(dg * h3, h1);
     at::Tensor dh3 = dg * a;
-    at::Tensor dw2 = expert_gemm(GemmForm::TN, dy, a * h3, offs, k, f8);  // (E, D, H)
-    at::Tensor dw1 = expert_gemm(GemmForm::TN, dh1, x, offs, k, f8);      // (E, H, D)
-    at::Tensor dw3 = expert_gemm(GemmForm::TN, dh3, x, offs, k, f8);
+    at::Tensor ah3 = a * h3;
+    at::Tensor dw1, dw2, dw3;
+    // A zero-bubble I: the three weight-gradient grouped GEMMs wait for the W.
+    if (WeightGradStore* store = weight_grad_deferral()) {
+      auto defer = [&](int i, const at::Tensor& w, const at::Tensor& g, const at::Tensor& in) {
+        if (ctx->needs_input_grad(i))
+          store->add(
+              w, [g, in, offs, k, f8] { return expert_gemm(GemmForm::TN, g, in, offs, k, f8); });
+      };
+      defer(2, w2, dy, ah3);
+      defer(1, w1, dh1, x);
+      defer(3, w3, dh3, x);
+    } else {
+      dw2 = expert_gemm(GemmForm::TN, dy, ah3, offs, k, f8);  // (E, D, H)
+      dw1 = expert_gemm(GemmForm::TN, dh1, x, offs, k, f8);   // (E, H, D)
+      dw3 = expert_gemm(GemmForm::TN, dh3, x, offs, k, f8);
+    }
     at::Tensor dx = expert_gemm(GemmForm::NN, dh1, w1, offs, k, f8) +
                     expert_gemm(GemmForm::NN, dh3, w3, offs, k, f8);  // (M, D)
     // offs, kernel, f8 and up to three saved outputs get none (trailing undefined ones are
@@ -298,7 +313,7 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
     auto h1s = s[4].split_with_sizes(counts);
     auto h3s = s[5].split_with_sizes(counts);
     auto dys = grad_out[0].contiguous().split_with_sizes(counts);
-    std::vector<at::Tensor> dxs, dw1, dw2, dw3;
+    std::vector<at::Tensor> dxs, dys_, ah3s, dh1s, dh3s;
     for (size_t e = 0; e < counts.size(); ++e) {
       const int64_t i = static_cast<int64_t>(e);
       const at::Tensor &h1 = h1s[e], &h3 = h3s[e], &dy = dys[e];
@@ -306,12 +321,34 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
       at::Tensor dg = at::matmul(dy, w2[i]);            // (n_e, H)
       at::Tensor dh1 = at::silu_backward(dg * h3, h1);  // d silu(h1)
       at::Tensor dh3 = dg * a;
-      dw2.push_back(at::matmul(dy.t(), a * h3));  // (D, H)
-      dw1.push_back(at::matmul(dh1.t(), xs[e]));  // (H, D)
-      dw3.push_back(at::matmul(dh3.t(), xs[e]));
+      dys_.push_back(dy);
+      ah3s.push_back(a * h3);
+      dh1s.push_back(dh1);
+      dh3s.push_back(dh3);
       dxs.push_back(at::matmul(dh1, w1[i]) + at::matmul(dh3, w3[i]));  // (n_e, D)
     }
-    variable_list g{at::cat(dxs), at::stack(dw1), at::stack(dw2), at::stack(dw3)};
+    // Per expert g^T in: dw2 (D, H) from dy and a*h3, dw1 and dw3 (H, D) from dh1, dh3 and x.
+    using Rows = std::vector<at::Tensor>;
+    auto gemms = [](const Rows& g, const Rows& in) {
+      Rows out;
+      for (size_t e = 0; e < g.size(); ++e) out.push_back(at::matmul(g[e].t(), in[e]));
+      return at::stack(out);
+    };
+    const Rows xv(xs.begin(), xs.end());
+    at::Tensor dw1, dw2, dw3;
+    if (WeightGradStore* store = weight_grad_deferral()) {  // a zero-bubble I: W runs them
+      auto defer = [&](int i, const at::Tensor& w, const Rows& g, const Rows& in) {
+        if (ctx->needs_input_grad(i)) store->add(w, [gemms, g, in] { return gemms(g, in); });
+      };
+      defer(2, w2, dys_, ah3s);
+      defer(1, w1, dh1s, xv);
+      defer(3, w3, dh3s, xv);
+    } else {
+      dw2 = gemms(dys_, ah3s);
+      dw1 = gemms(dh1s, xv);
+      dw3 = gemms(dh3s, xv);
+    }
+    variable_list g{at::cat(dxs), dw1, dw2, dw3};
     g.resize(8);  // counts and up to three saved outputs: none
     return g;
   }

@@ -11,10 +11,10 @@
 // Split backwards (the zero-bubble schedules' I and W): a stage's forward under such a
 // schedule routes its linear layers through deferrable_linear (core/kernels/weight_grad_store.h);
 // I backpropagates with a WeightGradStore of the (stage, micro-batch) deferring, so the
-// input gradient and the parameters outside the linear layers (norms, embeddings, grouped
-// experts) get their gradients while the linear layers' grad_w GEMMs are stashed (grad_out
-// and x); W runs those GEMMs and backpropagates them from the recorded weights. What stays in
-// I is listed in docs/distributed.md ("Split backwards").
+// input gradient and the parameters outside the linear layers (norms, embeddings, the
+// router's gate) get their gradients while the linear layers' and the routed experts' grad_w
+// GEMMs are stashed (their grad_out and x); W runs those GEMMs and backpropagates them from the
+// recorded weights. What stays in I is listed in docs/distributed.md ("Split backwards").
 #pragma once
 
 #include <ATen/ATen.h>

@@ -3,8 +3,9 @@
 // gradient; their W action, later, its weight gradients. The GEMM that dominates W is a
 // linear layer's grad_w = grad_out^T x (in (O, D) = (M, O)^T (M, D)), so during an I the
 // linear layers record what that GEMM needs instead of running it, and W runs the recorded
-// GEMMs. Parameters whose gradients do not come from such a GEMM (norm weights, embeddings,
-// the output projection under the fused loss, grouped experts) still get theirs in I.
+// GEMMs; so do the routed experts (moe/experts.cpp) with their three grouped weight GEMMs.
+// Parameters whose gradients do not come from such a GEMM (norm weights, embeddings, the
+// output projection under the fused loss) still get theirs in I.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -278,8 +278,8 @@ TEST_CASE("float8 grouped: bad input exits 2 naming the key", "[float8][moe][app
        kGrouped + "--parallelism.tensor_parallel_degree 2 "
                   "--parallelism.expert_tensor_parallel_degree 2",
        "parallelism.expert_tensor_parallel_degree", "not implemented yet"},
-      {"deepseek_v3", kGrouped + "--parallelism.pipeline_parallel_degree 2",
-       "parallelism.pipeline_parallel_degree", "quantize.grouped_mm.float8"},
+      {"deepseek_v3", kGrouped + "--parallelism.context_parallel_degree 2",
+       "parallelism.context_parallel_degree", "quantize.grouped_mm.float8"},
   };
   for (const Case& c : cases) {
     auto r = train(c.model, "--training.steps 1 --job.dump_folder " + dir.file("x") + " " + c.args);

@@ -196,6 +196,18 @@ TEST_CASE(
       {{2, "--training.local_batch_size 4"}});
   check_layouts("--model.name deepseek_v3",
                 {{2, "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}});
+  // Float8 grouped experts (rowwise, emulated on the CPU): a weight-gradient GEMM's scales
+  // are per group over one micro-batch's tokens, so again the reference accumulates
+  // micro-batches of 1 sequence; ZBV defers those GEMMs to W.
+  check_layouts(
+      "--model.name llama4 --model.converters quantize.grouped_mm.float8 "
+      "--quantize.grouped_mm.float8.fqns experts --training.local_batch_size 1 "
+      "--training.global_batch_size 4",
+      {{2, "--training.local_batch_size 4"},
+       {2,
+        "--training.local_batch_size 4 --parallelism.pipeline_parallel_schedule "
+        "ZBVZeroBubble " +
+            kTwoPerRank}});
   // PP 4; PP 2 x DDP 2, PP 2 x FSDP 2 and PP 2 x TP 2 (4 ranks: 2 replicas, 2 shards or 2 tp
   // ranks of a 2-stage
   // pipeline, each its own half of the global batch of 8, against 1 rank accumulating 2
