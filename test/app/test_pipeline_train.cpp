@@ -260,6 +260,19 @@ TEST_CASE("pp: PP 2 x CP 2 (and x FSDP 2) trains llama3 and deepseek_v3 as 1 ran
   check_layouts("--training.seq_len 256 --training.global_batch_size 8",
                 {{8, ppcp + "--parallelism.data_parallel_shard_degree 2"}},
                 "each stage: FSDP, dp_replicate 1 x dp_shard 2 x cp 2");
+  // Under the CPU capture check (fp32): the cp index tensors are built in the first step and
+  // reused, so the step is static and its losses are the eager run's.
+  const std::string f32 = "--training.seq_len 256 --training.mixed_precision_param float32 ";
+  test::TempDir eager("ppcp_eager"), checked("ppcp_cc");
+  auto e = train(4, f32 + ppcp, eager.path.string());
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  auto c = train(4, f32 + ppcp + "--compile.enable true", checked.path.string());
+  INFO(c.out);
+  REQUIRE(c.rc == 0);
+  CHECK_THAT(c.out,
+             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
+  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",
