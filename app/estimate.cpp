@@ -271,24 +271,43 @@ Activations measure_activations(const JobConfig& cfg, const Plan& pl) {
   return a;
 }
 
+std::string fmt_g(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
 void print_gib(const char* what, double bytes) {
   std::printf("  %-48s %12.6f GiB\n", what, bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
 // What a pipeline stage's forward of one micro-batch holds at its end (its blocks' saved
 // tensors; the last stage's loss too), counted as measure_activations counts the whole model:
-// `pl` is one micro-batch (local_batch = the pipeline micro-batch size).
-double stage_activations(Model& m, const Plan& pl, const PipelineStageSpec& sp) {
+// `pl` is one micro-batch (local_batch = the pipeline micro-batch size). Under CP,
+// `*cp_exchange` gets the bytes the stage's K/V exchange sends for it, counted as
+// measure_activations counts them (its backward is run for that; `cp_sent` is the model's
+// counter).
+double stage_activations(Model& m, const Plan& pl, const PipelineStageSpec& sp,
+                         const double& cp_sent, double* cp_exchange) {
+  const double before = cp_sent;
   const auto meta = at::TensorOptions().device(at::kMeta);
-  at::Tensor in = sp.has_embeddings ? at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong))
-                                    : at::zeros({pl.local_batch, pl.seq_len / pl.tp, m.info().dim},
-                                                meta.dtype(m.compute_dtype()))
-                                          .requires_grad_(true);
+  at::Tensor in = sp.has_embeddings
+                      ? at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong))
+                      : at::zeros({pl.local_batch, pl.seq_len / (pl.cp * pl.tp), m.info().dim},
+                                  meta.dtype(m.compute_dtype()))
+                            .requires_grad_(true);
   const int64_t base = meta_memory_stats().allocated;
   at::Tensor out = m.forward_stage(in, sp.has_embeddings, sp.first_layer, sp.end_layer);
   if (sp.has_head)
     out = m.head_loss_sum(out, at::zeros({pl.local_batch, pl.seq_len}, meta.dtype(at::kLong)));
-  return static_cast<double>(meta_memory_stats().allocated - base);
+  const double held = static_cast<double>(meta_memory_stats().allocated - base);
+  if (pl.cp > 1) {
+    const double forward_gathers = cp_sent - before;  // with full checkpointing: without grad
+    out.backward(at::ones_like(out));                 // a recomputed block gathers again
+    // Every gather with grad reduce-scatters its bytes in backward: the forward's once more.
+    *cp_exchange = cp_sent - before + forward_gathers;
+  }
+  return held;
 }
 
 // The most bytes of activations a pipeline rank holds at once: each forward of one of its
@@ -502,9 +521,10 @@ void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const Pipel
   const auto& par = cfg.parallelism;
   // Every transfer is one activation or its gradient: (micro-batch, seq, dim) in the compute
   // dtype. Under TP each tp rank sends its sequence shard (sequence parallel) to the same tp
-  // rank of the next stage.
+  // rank of the next stage; under CP each cp rank its T/cp tokens (its head-tail chunks).
   const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
-  const int64_t seq = cfg.training.seq_len / par.tensor_parallel_degree;
+  const int64_t seq =
+      cfg.training.seq_len / (par.context_parallel_degree * par.tensor_parallel_degree);
   const double act =
       static_cast<double>(par.pipeline_parallel_microbatch_size * seq * info.dim * dtype_bytes);
   constexpr double kMib = 1024.0 * 1024.0;
@@ -531,25 +551,29 @@ void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const Pipel
   }
   std::printf(
       "  all pipeline ranks, both directions: %lld transfers, %.3f MiB per step (one "
-      "pipeline; each data-parallel and tp rank runs its own)\n",
+      "pipeline; each data-parallel, cp and tp rank runs its own)\n",
       static_cast<long long>(all_sends), static_cast<double>(all_sends) * act / kMib);
 }
 
 // Activations under pipeline parallelism: each stage's forward of one micro-batch counted on
 // the meta device, and each rank's peak over its schedule (the micro-batches it keeps in
-// flight). `inner` is the job without its pipeline degree, over `stage_world` ranks.
-void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
-                                const PipelinePlan& plan) {
+// flight). `inner` is the job without its pipeline degree, over `stage_world` ranks. Returns
+// the bytes each stage's context-parallel K/V exchange sends per micro-batch (zeros without
+// CP): the forward's all-gathers, the recompute's, and their reduce-scatters in backward.
+std::vector<double> print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
+                                               const PipelinePlan& plan) {
   Plan pl = make_plan(inner, stage_world);
   pl.local_batch = inner.parallelism.pipeline_parallel_microbatch_size;
-  std::unique_ptr<Model> m = activation_model(inner, pl, std::make_shared<double>(0));
-  std::vector<double> per_stage;
+  auto cp_sent = std::make_shared<double>(0);
+  std::unique_ptr<Model> m = activation_model(inner, pl, cp_sent);
+  std::vector<double> per_stage, cp_bytes;
   std::printf(
       "activations (one micro-batch of %lld x %lld through each stage, counted; then "
       "the most a rank's schedule keeps in flight):\n",
       static_cast<long long>(pl.local_batch), static_cast<long long>(pl.seq_len));
   for (const PipelineStageSpec& sp : plan.stages.stages) {
-    per_stage.push_back(stage_activations(*m, pl, sp));
+    cp_bytes.push_back(0);
+    per_stage.push_back(stage_activations(*m, pl, sp, *cp_sent, &cp_bytes.back()));
     char name[48];
     std::snprintf(name, sizeof name, "stage %lld, one micro-batch",
                   static_cast<long long>(sp.index));
@@ -560,12 +584,19 @@ void print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
     std::snprintf(name, sizeof name, "pipeline rank %zu, peak in flight", r);
     print_gib(name, peak_in_flight(plan.schedule.ranks[r], per_stage));
   }
+  if (pl.cp > 1)
+    for (const PipelineStageSpec& sp : plan.stages.stages)
+      std::printf("  stage %lld: cp K/V exchange sends %.3f MiB per micro-batch\n",
+                  static_cast<long long>(sp.index),
+                  cp_bytes[static_cast<size_t>(sp.index)] / (1024.0 * 1024.0));
+  return cp_bytes;
 }
 
 // The state a stage keeps: fp32 parameters, gradients and AdamW's two moments (16 bytes a
-// parameter), split over dp_shard x tp as evenly as FSDP and TP allow; under FSDP also its
-// weights gathered in the compute dtype, which stay whole through the step (each
-// micro-batch's forward and backward uses them).
+// parameter), split over FSDP's `dp_shard` ranks (dp_shard x cp: context parallelism folds
+// into it) x tp as evenly as FSDP and TP allow; under FSDP also its weights gathered in the
+// compute dtype, which stay whole through the step (each micro-batch's forward and backward
+// uses them).
 void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
                         int64_t dp_shard) {
   const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
@@ -577,7 +608,7 @@ void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStag
   const auto units = m.param_units();
   const auto& params = m.params().all();
   std::printf(
-      "memory per stage (fp32 params + grads + AdamW state over dp_shard %lld x tp %lld, routed "
+      "memory per stage (fp32 params + grads + AdamW state over shard %lld x tp %lld, routed "
       "experts over ep %lld x efsdp %lld x etp %lld%s):\n",
       static_cast<long long>(dp_shard), static_cast<long long>(tp), static_cast<long long>(ep),
       static_cast<long long>(dp_shard / ep), static_cast<long long>(etp),
@@ -623,12 +654,16 @@ void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStag
 // last stage) over tp ranks at the card's assumed efficiency; a rank's compute over the
 // step's micro-batches, stretched by its scheduled idle share (busy / makespan ticks); plus
 // its point-to-point sends, not overlapped (across nodes once the world exceeds one).
-// FSDP's per-stage gathers and reductions are taken as overlapped, tensor parallel's and MoE
-// imbalance are not modelled.
+// Under CP the stages' K/V exchanges (`cp_bytes`, per stage and micro-batch) are added, not
+// overlapped, as without PP. FSDP's per-stage gathers and reductions are taken as overlapped,
+// tensor parallel's and MoE imbalance are not modelled.
 void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const PipelinePlan& plan,
-                         const Gpu& g, int64_t world, int64_t accum) {
+                         const Gpu& g, int64_t world, int64_t accum,
+                         const std::vector<double>& cp_bytes) {
   const auto& par = cfg.parallelism;
-  const int64_t tp = par.tensor_parallel_degree, pp = plan.stages.pp_degree;
+  const int64_t pp = plan.stages.pp_degree;
+  // A stage's tokens are split over its cp ranks (slices) and tp ranks (the GEMMs' columns).
+  const int64_t split = par.tensor_parallel_degree * par.context_parallel_degree;
   const int64_t seq = cfg.training.seq_len;
   const double fpt = static_cast<double>(info.flops_per_token(seq));
   const double head = 6.0 * static_cast<double>(info.dim * info.vocab_size);
@@ -637,13 +672,18 @@ void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const Pipe
   const double runs = static_cast<double>(plan.microbatches * accum);  // per stage and step
   const double speed = g.peak_flops * g.efficiency;
   std::vector<double> compute(static_cast<size_t>(pp), 0.0), sent(static_cast<size_t>(pp), 0.0);
+  std::vector<double> cp_s(static_cast<size_t>(pp), 0.0);
+  // The cp groups sit after the tp ranks: inside a node while cp x tp fits in one.
+  const double cp_bw = split <= g.per_node ? g.intra_bytes_s : g.inter_bytes_s;
   for (const PipelineStageSpec& sp : plan.stages.stages) {
     const double f =
         per_layer * static_cast<double>(sp.end_layer - sp.first_layer) + (sp.has_head ? head : 0);
-    compute[static_cast<size_t>(sp.rank)] += f * mb_tokens / static_cast<double>(tp) / speed * runs;
+    const auto r = static_cast<size_t>(sp.rank);
+    compute[r] += f * mb_tokens / static_cast<double>(split) / speed * runs;
+    cp_s[r] += cp_bytes[static_cast<size_t>(sp.index)] * runs / cp_bw;
   }
   const int64_t dtype_bytes = cfg.training.mixed_precision_param == "bfloat16" ? 2 : 4;
-  const double act = mb_tokens / static_cast<double>(tp) * static_cast<double>(info.dim) *
+  const double act = mb_tokens / static_cast<double>(split) * static_cast<double>(info.dim) *
                      static_cast<double>(dtype_bytes);
   for (size_t r = 0; r < plan.schedule.ranks.size(); ++r)
     for (const Action& x : plan.schedule.ranks[r])
@@ -654,16 +694,17 @@ void print_pipeline_time(const JobConfig& cfg, const ModelInfo& info, const Pipe
   for (int64_t r = 0; r < pp; ++r) {
     const double busy = static_cast<double>(plan.timeline.busy[static_cast<size_t>(r)]);
     const double stretch = busy > 0 ? static_cast<double>(plan.timeline.makespan) / busy : 1.0;
-    const double t = compute[static_cast<size_t>(r)] * stretch + sent[static_cast<size_t>(r)] / bw;
+    const auto i = static_cast<size_t>(r);
+    const double t = compute[i] * stretch + sent[i] / bw + cp_s[i];
     std::printf(
-        "  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s -> "
+        "  pipeline rank %lld: compute %.4g s, x %.3f for its idle ticks, p2p %.4g s%s -> "
         "%.4g s\n",
-        static_cast<long long>(r), compute[static_cast<size_t>(r)], stretch,
-        sent[static_cast<size_t>(r)] / bw, t);
+        static_cast<long long>(r), compute[i], stretch, sent[i] / bw,
+        cp_s[i] > 0 ? (", cp K/V " + fmt_g(cp_s[i]) + " s").c_str() : "", t);
     step = std::max(step, t);
   }
   const double rank_flops =
-      fpt * mb_tokens * runs / static_cast<double>(tp * pp);  // the model's work, shared
+      fpt * mb_tokens * runs / static_cast<double>(split * pp);  // the model's work, shared
   std::printf(
       "step time: %.4g s (the slowest pipeline rank); MFU %.1f%% (assumed: follows from "
       "the assumed efficiency %.0f%% and the schedule's bubble, not measured)\n",
@@ -696,12 +737,15 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
   std::printf("estimate: %s %s on %lld ranks (%s), pipeline parallel\n", info.name.c_str(),
               cfg.model.flavor.c_str(), static_cast<long long>(world), gpu.c_str());
   std::printf(
-      "  plan: pp %lld x dp_replicate %lld x dp_shard %lld x tp %lld; %s, %lld stages "
+      "  plan: pp %lld x dp_replicate %lld x dp_shard %lld%s x tp %lld; %s, %lld stages "
       "(%lld per rank), %lld micro-batches of %lld x %lld tokens\n",
       static_cast<long long>(pp), static_cast<long long>(par.data_parallel_replicate_degree),
-      static_cast<long long>(d.dp_shard), static_cast<long long>(tp), st.schedule.name.c_str(),
-      static_cast<long long>(st.num_stages()), static_cast<long long>(st.stages_per_rank),
-      static_cast<long long>(plan.microbatches),
+      static_cast<long long>(d.dp_shard),
+      par.context_parallel_degree > 1
+          ? (" x cp " + std::to_string(par.context_parallel_degree)).c_str()
+          : "",
+      static_cast<long long>(tp), st.schedule.name.c_str(), static_cast<long long>(st.num_stages()),
+      static_cast<long long>(st.stages_per_rank), static_cast<long long>(plan.microbatches),
       static_cast<long long>(par.pipeline_parallel_microbatch_size),
       static_cast<long long>(cfg.training.seq_len));
   const auto& c = plan.timeline.costs;
@@ -714,9 +758,10 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
 
   print_pipeline_p2p(cfg, info, plan);
 
-  print_stage_memory(cfg, *m, st, d.dp_shard);
-  print_pipeline_activations(inner, world / pp, plan);
-  print_pipeline_time(cfg, info, plan, gpu_named(gpu), world, d.grad_accum_steps);
+  // FSDP shards each stage over dp_shard x cp (context parallelism folds into it).
+  print_stage_memory(cfg, *m, st, d.dp_shard * par.context_parallel_degree);
+  const std::vector<double> cp_bytes = print_pipeline_activations(inner, world / pp, plan);
+  print_pipeline_time(cfg, info, plan, gpu_named(gpu), world, d.grad_accum_steps, cp_bytes);
   return 0;
 }
 

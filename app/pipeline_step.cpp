@@ -9,6 +9,10 @@
 
 namespace titan {
 
+int64_t stage_seq_divisor(const JobConfig& cfg) {
+  return cfg.parallelism.context_parallel_degree * cfg.parallelism.tensor_parallel_degree;
+}
+
 PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGroup& pp,
                                    at::ScalarType dtype, at::Device device, uint64_t seed,
                                    bool allocate)
@@ -16,10 +20,11 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
   plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
   const auto& par = cfg.parallelism;
   // Under tensor parallelism the blocks pass sequence shards (sequence parallel): each tp
-  // rank sends its own shard to the same tp rank of the next stage.
+  // rank sends its own shard to the same tp rank of the next stage. Under context
+  // parallelism a rank holds T/cp tokens of each sequence (its head-tail chunks), sent to the
+  // rank of the same cp index.
   std::vector<int64_t> activation{par.pipeline_parallel_microbatch_size,
-                                  cfg.training.seq_len / par.tensor_parallel_degree,
-                                  model.info().dim};
+                                  cfg.training.seq_len / stage_seq_divisor(cfg), model.info().dim};
   runner_ = std::make_unique<PipelineRunner>(model, pp, plan_.stages, plan_.schedule,
                                              std::move(activation), dtype, device);
   params_ = runner_->stage_params();
@@ -40,8 +45,7 @@ at::Tensor PipelineTraining::eval_loss_sum(const MicroBatch& batch) {
     const auto& v = cfg_.validation;
     TORCH_CHECK(v.local_batch_size % mbs == 0, "validation batch ", v.local_batch_size,
                 " for micro-batches of ", mbs);  // validate_config refuses it
-    std::vector<int64_t> activation{mbs, v.seq_len / cfg_.parallelism.tensor_parallel_degree,
-                                    model_.info().dim};
+    std::vector<int64_t> activation{mbs, v.seq_len / stage_seq_divisor(cfg_), model_.info().dim};
     const PipelineStagePlan& sp = plan_.stages;
     eval_runner_ = std::make_unique<PipelineRunner>(
         model_, pp_, sp, make_forward_schedule(sp.stage_to_rank(), sp.pp_degree, n),

@@ -25,6 +25,10 @@
 
 namespace titan {
 
+// What a stage's activation holds of each sequence: 1 / (cp x tp) of its tokens (context
+// parallel slices, each sequence-parallel over the tp ranks).
+int64_t stage_seq_divisor(const JobConfig& cfg);
+
 class PipelineTraining : public StepPhases {
  public:
   // `model` was built with its parameters deferred (meta): this allocates and initializes

@@ -407,12 +407,16 @@ void Trainer::set_expert_exchange(ProcessGroup& group) {
   ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
 }
 
-// Pipeline parallelism: tensor parallelism first (the stages' parameters become tp slices),
+// Pipeline parallelism: tensor parallelism first (the stages' parameters become tp slices)
+// and context parallelism (each rank runs its slice of every sequence through its stages),
 // then only this rank's stages are allocated and drawn, sharded (FSDP, HSDP) or replicated
 // (DDP) over the stage's data-parallel ranks. The MoE load counts of a layer live on its
 // stage: summed over the stage group, never along the pipeline.
 void Trainer::parallelize_pipeline() {
   apply_tp();
+  // Context parallelism inside each stage: the stage group's cp ranks (same pipeline rank)
+  // cut every micro-batch as a whole batch, and the pipeline links equal cp indices.
+  if (cp_ > 1) log_info(apply_context_parallel(*model_, *mesh_->cp_group, cfg_));
   if (cfg_.parallelism.expert_parallel_degree > 1) set_expert_exchange(*mesh_->ep_group);
   pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
                                                  bf16_ ? at::kBFloat16 : at::kFloat, device_,
@@ -979,7 +983,7 @@ void Trainer::validate(int64_t step) {
     MicroBatch b = vr.next();
     if (pipeline_) {  // the last stage's ranks score the pipeline's batch
       sum += pipeline_->eval_loss_sum(b).to(at::kDouble);
-      tokens += pipeline_->holds_last_stage() ? b.labels.numel() : 0;
+      tokens += pipeline_->holds_last_stage() ? b.labels.numel() / cp_ : 0;
       continue;
     }
     sum += model_->token_loss_sum(b.tokens, b.labels).to(at::kDouble);

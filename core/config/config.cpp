@@ -508,12 +508,6 @@ static void validate_context_parallel(const JobConfig& cfg) {
           " (" + (headtail ? "2 x cp head-tail chunks" : "cp chunks") +
           (p.tensor_parallel_degree > 1 ? ", each over tensor_parallel_degree" : "") +
           "); allowed: a multiple of " + std::to_string(unit));
-  if (p.pipeline_parallel_degree > 1)
-    throw UserError("parallelism.context_parallel_degree = " + std::to_string(cp) +
-                    " with parallelism.pipeline_parallel_degree = " +
-                    std::to_string(p.pipeline_parallel_degree) +
-                    ": context parallelism in a pipeline is not implemented yet; allowed: one of "
-                    "them at 1");
 }
 
 namespace {
@@ -672,7 +666,9 @@ static void validate_pipeline_for_world(const JobConfig& cfg, int64_t world_size
                     "; allowed: a divisor of the world size");
   // FSDP of the stages keeps a stage's weights gathered through the step (each micro-batch's
   // forward uses them): resharding after every forward would gather once per micro-batch.
-  if (derive_config(cfg, world_size).dp_shard > 1 && p.fsdp_reshard_after_forward == "always")
+  // Context parallelism folds into the shard dimension: cp > 1 alone shards the stages.
+  if (derive_config(cfg, world_size).dp_shard * p.context_parallel_degree > 1 &&
+      p.fsdp_reshard_after_forward == "always")
     throw UserError(head +
                     " with parallelism.fsdp_reshard_after_forward = \"always\" and a "
                     "sharded data-parallel dimension: not implemented (each stage's weights are "

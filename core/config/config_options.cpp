@@ -234,8 +234,8 @@ void parallelism_options(std::vector<Option>& out) {
         "Async tensor parallelism: TP's all-gathers and reduce-scatters run in chunks that "
         "overlap the GEMMs beside them (needs tensor_parallel_degree > 1)");
   s.add("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree, 1,
-        "Pipeline stages' ranks, the outermost mesh dimension (data, tensor, expert parallel "
-        "inside)")
+        "Pipeline stages' ranks, the outermost mesh dimension (data, context, tensor, expert "
+        "parallel inside)")
       .range(1.0, kNoMax);
   s.add("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule, "1F1B",
         "Pipeline schedule (any case): GPipe, 1F1B, LoopedBFS, Interleaved1F1B, "

@@ -225,16 +225,17 @@ at::Tensor Model::forward_stage(const at::Tensor& input, bool embed, int64_t fir
   TORCH_CHECK(0 <= first_block && first_block <= end_block && end_block <= num_blocks(),
               "forward_stage: blocks [", first_block, ", ", end_block, ") of ", num_blocks());
   begin_forward();
-  return run_blocks(embed ? forward_embed(input) : input, first_block, end_block);
+  if (!embed) return run_blocks(input, first_block, end_block);
+  return run_blocks(forward_embed(cp_ ? cp_->shard(input) : input), first_block, end_block);
 }
 
 at::Tensor Model::head_loss_sum(const at::Tensor& h, const at::Tensor& labels) {
-  return loss_sum_of(forward_final(h), labels);
+  return loss_sum_of(forward_final(h), cp_ ? cp_->shard(labels) : labels);
 }
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
-  // Context parallel: this rank's tokens and their labels, the same cut. (Pipeline stages
-  // call forward_stage / head_loss_sum; context parallelism with pipelines is refused.)
+  // Context parallel: this rank's tokens and their labels, the same cut (as forward_stage
+  // and head_loss_sum cut a pipeline's).
   if (cp_) return loss_sum_of(forward_head(cp_->shard(tokens)), cp_->shard(labels));
   return loss_sum_of(forward_head(tokens), labels);
 }

@@ -170,10 +170,13 @@ class Model {
   // With `embed`, `input` is the tokens (B, T) and the embeddings run first; otherwise it is
   // the previous stage's hidden state (B, T, D) in the compute dtype. Then blocks
   // [first_block, end_block) run, as forward would run them; returns their hidden state.
+  // Under context parallelism the tokens are whole sequences, cut here as token_loss_sum
+  // cuts them, and a hidden state is this rank's (B, T/cp[/tp], D).
   at::Tensor forward_stage(const at::Tensor& input, bool embed, int64_t first_block,
                            int64_t end_block);
   // The last stage's end: the final norm of the hidden state h, then the summed token loss
-  // exactly as token_loss_sum computes it from there.
+  // exactly as token_loss_sum computes it from there. Labels are whole sequences (B, T); under
+  // context parallelism the sum is over this rank's tokens only.
   at::Tensor head_loss_sum(const at::Tensor& h, const at::Tensor& labels);
   int64_t num_blocks() const { return static_cast<int64_t>(block_fns_.size()); }
   // false: token_loss_sum materializes the logits (the reference path, for tests/benchmarks).

@@ -310,6 +310,21 @@ TEST_CASE("estimate: pipeline parallel prints the bubble, p2p bytes, memory and 
   INFO(zbv.out);
   CHECK(zbv.rc == 0);
   CHECK_THAT(zbv.out, Contains("4 stages (2 per rank)") && Contains("stage 3 (rank 0)"));
+  // PP 2 x CP 2 over 8 ranks: a transfer is the rank's 128 of 256 tokens, (1, 128, 256) bf16
+  // = 0.0625 MiB; each stage's 3 layers all-gather K and V (1 x 128 x 256 bf16 each, one
+  // shard sent to the other cp rank) and reduce-scatter their gradients: 3 x 2 x 64 KiB x 2
+  // = 0.75 MiB per micro-batch; the stages are FSDP over dp_shard 2 x cp 2 = 4 ranks.
+  auto ppcp = estimate(
+      "--config configs/llama3_debug.toml --world 8 --parallelism.pipeline_parallel_degree 2 "
+      "--parallelism.context_parallel_degree 2");
+  INFO(ppcp.out);
+  REQUIRE(ppcp.rc == 0);
+  CHECK_THAT(ppcp.out, Contains("plan: pp 2 x dp_replicate 1 x dp_shard 2 x cp 2 x tp 1; 1F1B") &&
+                           Contains("activation (1, 128, 256) bfloat16 = 0.062 MiB per transfer") &&
+                           Contains("16 transfers, 1.000 MiB per step") &&
+                           Contains("over shard 4 x tp 1") &&
+                           Contains("stage 0: cp K/V exchange sends 0.750 MiB per micro-batch") &&
+                           Contains(", cp K/V "));
   auto odd = estimate(
       "--config configs/llama3_debug.toml --world 3 "
       "--parallelism.pipeline_parallel_degree 2");

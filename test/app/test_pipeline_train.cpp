@@ -59,9 +59,11 @@ double worst_rel(const std::map<int64_t, Step>& ref, const std::map<int64_t, Ste
   return worst;
 }
 
-// One process, then each pipeline layout, on the same flags; every layout within 1e-5.
+// One process, then each pipeline layout, on the same flags; every layout within 1e-5, and
+// its log saying `says` when given.
 void check_layouts(const std::string& flags,
-                   const std::vector<std::pair<int, std::string>>& layouts) {
+                   const std::vector<std::pair<int, std::string>>& layouts,
+                   const std::string& says = "") {
   test::TempDir ref_dir("pp_ref");
   auto r = train(1, flags, ref_dir.path.string());
   INFO(r.out);
@@ -77,7 +79,7 @@ void check_layouts(const std::string& flags,
     auto p = train(nproc, flags + degree + " " + layout, dir.path.string());
     INFO(layout << "\n" << p.out);
     REQUIRE(p.rc == 0);
-    CHECK_THAT(p.out, Contains(": pipeline parallel "));
+    CHECK_THAT(p.out, Contains(": pipeline parallel ") && Contains(says));
     const double worst = worst_rel(ref, metrics(dir));
     WARN(flags << " on " << nproc << " ranks, " << layout
                << ": max relative loss / grad norm difference to 1 rank " << worst);
@@ -235,6 +237,42 @@ TEST_CASE(
                   "--parallelism.pipeline_parallel_degree 2 "
                   "--parallelism.data_parallel_replicate_degree 2 "
                   "--training.local_batch_size 2"}});
+}
+
+TEST_CASE("pp: PP 2 x CP 2 (and x FSDP 2) trains llama3 and deepseek_v3 as 1 rank does",
+          "[pp][cp][dist][app]") {
+  // 4 ranks: each stage's two cp ranks run the head-tail halves (128 of 256 tokens) of every
+  // micro-batch, send them to the same cp index of the other stage, and FSDP shards each stage
+  // over its cp ranks (cp folds into the shard dimension; dp_shard is 1).
+  const std::string ppcp =
+      "--parallelism.pipeline_parallel_degree 2 --parallelism.context_parallel_degree 2 ";
+  const std::string says = "each stage: FSDP, dp_replicate 1 x dp_shard 1 x cp 2";
+  check_layouts(
+      "--training.seq_len 256",
+      {{4, ppcp + "--parallelism.pipeline_parallel_schedule 1F1B"},
+       {4, ppcp + "--parallelism.pipeline_parallel_schedule ZBVZeroBubble " + kTwoPerRank}},
+      says);
+  check_layouts(
+      "--training.seq_len 256 --model.name deepseek_v3",
+      {{4, ppcp + "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank}},
+      says);
+  // PP 2 x FSDP 2 x CP 2 (8 ranks): each stage sharded over dp_shard x cp = 4 ranks.
+  check_layouts("--training.seq_len 256 --training.global_batch_size 8",
+                {{8, ppcp + "--parallelism.data_parallel_shard_degree 2"}},
+                "each stage: FSDP, dp_replicate 1 x dp_shard 2 x cp 2");
+  // Under the CPU capture check (fp32): the cp index tensors are built in the first step and
+  // reused, so the step is static and its losses are the eager run's.
+  const std::string f32 = "--training.seq_len 256 --training.mixed_precision_param float32 ";
+  test::TempDir eager("ppcp_eager"), checked("ppcp_cc");
+  auto e = train(4, f32 + ppcp, eager.path.string());
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  auto c = train(4, f32 + ppcp + "--compile.enable true", checked.path.string());
+  INFO(c.out);
+  REQUIRE(c.rc == 0);
+  CHECK_THAT(c.out,
+             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
+  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",

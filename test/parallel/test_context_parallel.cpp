@@ -173,6 +173,11 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
        "parallelism.context_parallel_rotate_method"},
       {"--parallelism.context_parallel_degree 2 --training.seq_len 66",
        "training.seq_len = 66 does not split over parallelism.context_parallel_degree = 2"},
+      // In a pipeline too: each micro-batch is cut as a whole batch is.
+      {"--parallelism.context_parallel_degree 2 --parallelism.pipeline_parallel_degree 2 "
+       "--training.seq_len 70",
+       "training.seq_len = 70 does not split over parallelism.context_parallel_degree = 2 (2 x "
+       "cp head-tail chunks); allowed: a multiple of 4"},
       {"--parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 "
        "--parallelism.expert_parallel_degree 4",
        "parallelism.expert_parallel_degree = 4 must divide the shard degree 2 (experts borrow "
@@ -191,6 +196,11 @@ TEST_CASE("context parallel options: bad or unimplemented values exit 2 naming t
   INFO(ok.out);
   CHECK(ok.rc == 0);
   CHECK_THAT(ok.out, Contains("context_parallel_degree = 2"));
+  auto pp = titan_run(
+      "--config configs/llama3_debug.toml --parallelism.context_parallel_degree 2 "
+      "--parallelism.pipeline_parallel_degree 2 --dump-config");
+  INFO(pp.out);
+  CHECK(pp.rc == 0);
 }
 
 TEST_CASE("CP 2, CP 2 x FSDP 2, TP 2 x CP 2 and CP 2 x EP match 1 rank for llama3 and deepseek_v3",

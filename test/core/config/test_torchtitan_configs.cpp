@@ -314,8 +314,6 @@ TEST_CASE("torchtitan-configs: unsupported parallelism or quantization exits 2 n
       // The first one in the file is named.
       {"[model]\nconverters = [\"mx\"]\n[parallelism]\ntensor_parallel_degree = 8\n",
        "model.converters", "mx"},
-      {"[parallelism]\npipeline_parallel_degree = 4\ncontext_parallel_degree = 2\n",
-       "parallelism.pipeline_parallel_degree", "context parallelism in a pipeline"},
   };
   for (auto& c : cases) {
     INFO(c.toml);
