@@ -89,6 +89,22 @@ void check_layouts(const std::string& flags,
 
 const std::string kTwoPerRank = "--parallelism.pipeline_parallel_layers_per_stage 2 ";
 
+// `flags` eager, then under compile.enable: the capture check finds the step static (the
+// same ops each step, no host read, fixed-size transfers) and the losses and grad norms
+// equal the eager run's to 1e-5 (bit-equal in practice in fp32).
+void capture_check_matches_eager(int nproc, const std::string& flags) {
+  test::TempDir eager("pp_cc_eager"), checked("pp_cc");
+  auto e = train(nproc, flags, eager.path.string());
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  auto c = train(nproc, flags + " --compile.enable true", checked.path.string());
+  INFO(c.out);
+  REQUIRE(c.rc == 0);
+  CHECK_THAT(c.out,
+             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
+  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("pp: every schedule on PP 2 trains llama3 as 1 rank does", "[pp][dist][app]") {
@@ -262,17 +278,8 @@ TEST_CASE("pp: PP 2 x CP 2 (and x FSDP 2) trains llama3 and deepseek_v3 as 1 ran
                 "each stage: FSDP, dp_replicate 1 x dp_shard 2 x cp 2");
   // Under the CPU capture check (fp32): the cp index tensors are built in the first step and
   // reused, so the step is static and its losses are the eager run's.
-  const std::string f32 = "--training.seq_len 256 --training.mixed_precision_param float32 ";
-  test::TempDir eager("ppcp_eager"), checked("ppcp_cc");
-  auto e = train(4, f32 + ppcp, eager.path.string());
-  INFO(e.out);
-  REQUIRE(e.rc == 0);
-  auto c = train(4, f32 + ppcp + "--compile.enable true", checked.path.string());
-  INFO(c.out);
-  REQUIRE(c.rc == 0);
-  CHECK_THAT(c.out,
-             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
-  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
+  capture_check_matches_eager(
+      4, "--training.seq_len 256 --training.mixed_precision_param float32 " + ppcp);
 }
 
 TEST_CASE("pp: what the stages do not carry yet, and a deadlocking schedule, exit 2 at start",
@@ -322,16 +329,7 @@ TEST_CASE("pp: the CPU capture check passes under pipeline parallelism and chang
   const std::string pp = "--parallelism.pipeline_parallel_degree 2 ";
   const std::string inter =
       pp + "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + kTwoPerRank;
-  test::TempDir eager("pp_cc_eager"), checked("pp_cc");
-  auto e = train(2, f32 + inter, eager.path.string());
-  INFO(e.out);
-  REQUIRE(e.rc == 0);
-  auto c = train(2, f32 + inter + "--compile.enable true", checked.path.string());
-  INFO(c.out);
-  REQUIRE(c.rc == 0);
-  CHECK_THAT(c.out,
-             Contains("ops per step, static") && Contains("capture check: 2 steps compared"));
-  CHECK(worst_rel(metrics(eager), metrics(checked)) < 1e-5);
+  capture_check_matches_eager(2, f32 + inter);
   // The check can fail under PP: a planted host read of the last stage's loss exits 2.
   test::TempDir planted("pp_cc_planted");
   auto bad =
