@@ -1,12 +1,16 @@
 #include "parallel/overlap_pair.h"
 
+#include <ATen/Context.h>
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace titan {
@@ -41,6 +45,15 @@ struct Pair {
 
 std::atomic<Pair*> g_pair{nullptr};
 
+// The caller's current CUDA device and stream, if there is a GPU: CUDA's current stream is per
+// thread and not part of ATen's thread-local state, and the backward half must queue its
+// kernels where the forward half's go (torchtitan sets the same for its backward thread).
+std::optional<c10::Stream> current_cuda_stream() {
+  if (!at::globalContext().hasCUDA()) return std::nullopt;
+  c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+  return cuda.getStream(cuda.getDevice());
+}
+
 }  // namespace
 
 int64_t run_overlapped_pair(const std::function<void()>& forward,
@@ -51,8 +64,11 @@ int64_t run_overlapped_pair(const std::function<void()>& forward,
   TORCH_CHECK(g_pair.compare_exchange_strong(none, &pair), "overlapped pairs do not nest");
   std::exception_ptr error[2];
   const at::ThreadLocalState state;
+  const std::optional<c10::Stream> stream = current_cuda_stream();
   std::thread back([&] {
     at::ThreadLocalStateGuard guard(state);
+    std::optional<c10::StreamGuard> on_stream;
+    if (stream) on_stream.emplace(*stream);
     pair.wait_first_turn(kBackward);
     try {
       backward();

@@ -17,7 +17,8 @@
 namespace titan {
 
 // Runs `forward` on this thread and `backward` on a new thread (which gets this thread's
-// ATen thread-local state: grad mode, dispatch keys), forward first, taking turns as above;
+// ATen thread-local state, grad mode and dispatch keys, and on a GPU its current device and
+// stream), forward first, taking turns as above;
 // returns once both have ended, with the number of times the turn passed. When one half
 // ends (or throws), the other runs on alone. An exception is rethrown here after both
 // ended, the forward's first. Pairs do not nest.
