@@ -6,9 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -16,6 +19,7 @@
 
 #include "parallel/overlap_pair.h"
 #include "parallel/pipeline_schedule.h"
+#include "test_util.h"
 
 using namespace titan;
 
@@ -94,6 +98,23 @@ TEST_CASE("overlap pair: the backward thread inherits grad mode", "[pp][overlap]
     run_overlapped_pair([] {}, [&] { bwd_grad = at::GradMode::is_enabled(); });
   }
   CHECK_FALSE(bwd_grad);
+}
+
+TEST_CASE("overlap pair: on a GPU the backward thread queues on the caller's stream",
+          "[pp][overlap][gpu]") {
+  // CUDA's current stream is per thread and not in ATen's thread-local state: a plain new
+  // thread sees the default stream, the pair's backward must see the caller's side stream.
+  if (!at::globalContext().hasCUDA()) TITAN_SKIP("no CUDA device");
+  c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+  const c10::Device dev(c10::DeviceType::CUDA, 0);
+  const c10::Stream side = cuda.getStreamFromGlobalPool(dev);
+  c10::StreamGuard on_side(side);
+  std::optional<c10::Stream> in_pair, in_plain;
+  run_overlapped_pair([] {}, [&] { in_pair = cuda.getStream(dev); });
+  std::thread([&] { in_plain = cuda.getStream(dev); }).join();
+  REQUIRE(in_pair.has_value());
+  CHECK(*in_pair == side);
+  CHECK(*in_plain != side);  // what the pair's guard fixes
 }
 
 TEST_CASE("overlap pair: DualPipeV's pairs are marked and lowered around both halves",
