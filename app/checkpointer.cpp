@@ -84,7 +84,9 @@ Checkpointer::Checkpointer(const JobConfig& cfg, CheckpointGroup group, int64_t 
       group_(group),
       world_(world_size),
       writer_((fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string(), std::move(group),
-              world_size, cfg.checkpoint.keep_latest_k) {}
+              world_size, cfg.checkpoint.keep_latest_k) {
+  writer_.set_test_delay_ms(cfg.debug.checkpoint_delay_ms);
+}
 
 bool Checkpointer::excluded(const char* part) const {
   const auto& ex = cfg_.checkpoint.exclude_from_loading;
@@ -312,8 +314,10 @@ std::string Checkpointer::load(TrainingState& st) {
       const auto all = complete_steps(root);
       const auto prev = std::lower_bound(all.begin(), all.end(), step);
       if (c.load_step >= 0 || prev == all.begin()) throw;
-      throw UserError(std::string(e.what()) + "; to resume from the previous checkpoint: "
-                      "checkpoint.load_step = " + std::to_string(*(prev - 1)));
+      throw UserError(std::string(e.what()) +
+                      "; to resume from the previous checkpoint: "
+                      "checkpoint.load_step = " +
+                      std::to_string(*(prev - 1)));
     }
     return "resumed from " + dir + " at step " + std::to_string(st.step) +
            skipped_newer(root, step);

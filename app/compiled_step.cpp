@@ -34,8 +34,8 @@ void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_expert
                     "allowed with compile.enable: \"fused\", \"foreach\"");
   if (moe_model && loop_experts)
     throw UserError(
-        "moe.experts_backend = \"" + cfg.moe.experts_backend +
-        "\" runs the loop experts here, " + why +
+        "moe.experts_backend = \"" + cfg.moe.experts_backend + "\" runs the loop experts here, " +
+        why +
         "cannot hold: the loop reads the per-expert token counts on the host in every MoE "
         "layer; allowed with compile.enable: auto, grouped_mm (CUDA 9.x/10.x), cutlass (CUDA "
         "8.0+), or compile.enable = false");
@@ -67,86 +67,83 @@ struct CompiledStep::Graphs {
 struct CompiledStep::Graphs {};
 #endif
 
-CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
-                           int64_t warmup_steps, StepPhases* phases)
-    : model_(model),
-      opt_(opt),
-      sync_(sync),
-      plain_(model, opt, sync),
-      phases_(phases ? phases : &plain_),
-      cuda_(cuda),
-      warmup_(warmup_steps) {
+CompiledStep::CompiledStep(StepPhases& phases, bool cuda, int64_t warmup_steps)
+    : phases_(phases), cuda_(cuda), warmup_(cuda ? warmup_steps : 1) {
   if (!cuda_) {
-    check_ = std::make_unique<CaptureCheck>(/*warmup_steps=*/1);
+    // The warm-up step runs outside the check (as on CUDA, before the capture): the first
+    // checked step is the reference.
+    check_ = std::make_unique<CaptureCheck>(/*warmup_steps=*/0);
     return;
   }
 #ifdef TITAN_CUDA_GRAPHS
   graphs_ = std::make_unique<Graphs>();
 #else
-  throw UserError("compile.enable = true on CUDA: this LibTorch has no CUDA graph API; "
-                  "allowed: compile.enable = false");
+  throw UserError(
+      "compile.enable = true on CUDA: this LibTorch has no CUDA graph API; "
+      "allowed: compile.enable = false");
 #endif
 }
 
 CompiledStep::~CompiledStep() = default;
 
-// The eager step, train_step's phases and marks (through phases_).
-StepResult CompiledStep::eager_step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
-  if (phases_ == &plain_) return train_step(model_, opt_, micro, o, sync_);
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  opt_.set_lr(o.lr);
-  mark(PhaseTimer::kStart);
-  StepResult r;
-  r.loss = phases_->forward_backward(micro, o);
-  phases_->reduce_gradients();
-  mark(PhaseTimer::kForwardBackwardDone);
-  r.grad_norm = phases_->optimizer(o);
-  mark(PhaseTimer::kOptimizerDone);
-  return r;
-}
+namespace {
 
-StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepOptions& o) {
-  if (o.ep && o.ep->exact_only()) {
+// The CPU capture check as the step's executor: the two parts are the checked step; the
+// host work between them (the overflow flag's read, an overflowed step's re-run) is outside
+// it, as it is outside both graphs on CUDA.
+class CheckedExecutor : public StepExecutor {
+ public:
+  CheckedExecutor(CaptureCheck& check, std::string key) : check_(check), key_(std::move(key)) {}
+  at::Tensor forward_backward(const std::function<at::Tensor()>& part) override {
+    check_.begin_step(key_);
+    return part();
+  }
+  void between(const std::function<void()>& host_work) override {
+    check_.pause();
+    host_work();
+    check_.resume();
+  }
+  at::Tensor optimizer(const std::function<at::Tensor()>& part) override {
+    at::Tensor norm = part();
+    compared = check_.end_step();
+    return norm;
+  }
+  bool compared = false;
+
+ private:
+  CaptureCheck& check_;
+  std::string key_;
+};
+
+}  // namespace
+
+StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepDrivers& d) {
+  if (d.ep && d.ep->exact_only()) {
     // Past the expert-parallel capacity cap the exact exchange runs, which reads its splits
     // on the host: the step runs eagerly, neither captured nor checked (the cap's warning
-    // said so once).
+    // said so once), with the same phases (a pipeline's stay a pipeline's).
     if (graphs_) graphs_ = std::make_unique<Graphs>();  // releases the graphs and their pool
     key_.clear();
-    return train_step(model_, opt_, micro, o, sync_);
+    ++eager_steps_;
+    return run_step(phases_, micro, d);
   }
-  if (cuda_) return step_cuda(micro, o);
-  StepOptions so = o;
-  so.timer = nullptr;  // marked here, around the phases (host clock on the CPU: no ops)
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  std::ostringstream key;  // the check's reference follows the input shapes and capacity
-  for (const auto& mb : micro) key << mb.tokens.sizes() << mb.labels.sizes() << ';';
-  if (so.ep) key << so.ep->capture_key();
+  // The capture follows the input shapes and buffers and the exchange's capacity.
+  const std::string key = step_inputs_key(micro) + (d.ep ? d.ep->capture_key() : "");
+  if (key != key_) {  // new shapes or buffers (or the first step): warm up, then capture
+    key_ = key;
+    warm_ = 0;
+  }
+  if (cuda_) return step_cuda(micro, d);
+  if (warm_ < warmup_) {  // the warm-up step, eagerly: the same path as CUDA's warm-up
+    ++warm_;
+    ++eager_steps_;
+    return run_step(phases_, micro, d);
+  }
   // As on CUDA: the lr is written before the step (outside what is checked), then the
-  // phases run as the graphs would hold them. The numbers are train_step's.
-  opt_.set_lr(so.lr);
-  mark(PhaseTimer::kStart);
-  check_->begin_step(key.str());
-  StepResult r;
-  r.loss = phases_->forward_backward(micro, so);
-  if (!so.ep) mark(PhaseTimer::kForwardBackwardDone);
-  phases_->reduce_gradients();
-  if (so.ep) {
-    // The overflow flag's reduction ends the first graph; its host read and an overflowed
-    // step's eager re-run sit between the graphs, outside the checked step.
-    so.ep->reduce_overflow();
-    check_->pause();
-    r.loss = so.ep->settle(*phases_, model_, opt_, micro, so, r.loss);
-    check_->resume();
-    mark(PhaseTimer::kForwardBackwardDone);
-  }
-  r.grad_norm = phases_->optimizer(so);
-  const bool compared = check_->end_step();
-  mark(PhaseTimer::kOptimizerDone);
-  if (compared && !reported_) {
+  // phases run as the graphs would hold them.
+  CheckedExecutor ex(*check_, key);
+  StepResult r = run_step(phases_, micro, d, ex);
+  if (ex.compared && !reported_) {
     report_ = check_->summary();
     reported_ = true;
   }
@@ -173,29 +170,80 @@ void bump_versions(Model& model) {
 
 }  // namespace
 
-StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o) {
+namespace {
+
+// The CUDA graphs as the step's executors: one records the two parts into the graphs (and
+// runs nothing), the other replays them; the host work between the parts runs between the
+// replays.
+class GraphRecorder : public StepExecutor {
+ public:
+  GraphRecorder(at::cuda::CUDAGraph& fwdbwd, at::cuda::CUDAGraph& opt, at::cuda::MempoolId_t pool,
+                const char*& phase)
+      : fwdbwd_(fwdbwd), opt_(opt), pool_(pool), phase_(phase) {}
+  at::Tensor forward_backward(const std::function<at::Tensor()>& part) override {
+    fwdbwd_.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    at::Tensor loss = part();
+    fwdbwd_.capture_end();
+    return loss;
+  }
+  void between(const std::function<void()>&) override {}  // nothing ran: nothing to settle
+  at::Tensor optimizer(const std::function<at::Tensor()>& part) override {
+    phase_ = "clip+AdamW";
+    opt_.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    at::Tensor norm = part();
+    opt_.capture_end();
+    return norm;
+  }
+
+ private:
+  at::cuda::CUDAGraph& fwdbwd_;
+  at::cuda::CUDAGraph& opt_;
+  at::cuda::MempoolId_t pool_;
+  const char*& phase_;
+};
+
+class GraphReplayer : public StepExecutor {
+ public:
+  GraphReplayer(at::cuda::CUDAGraph& fwdbwd, at::cuda::CUDAGraph& opt, at::Tensor loss,
+                at::Tensor grad_norm)
+      : fwdbwd_(fwdbwd), opt_(opt), loss_(std::move(loss)), grad_norm_(std::move(grad_norm)) {}
+  at::Tensor forward_backward(const std::function<at::Tensor()>&) override {
+    fwdbwd_.replay();
+    return loss_;  // the graph's static output, rewritten by the replay
+  }
+  at::Tensor optimizer(const std::function<at::Tensor()>&) override {
+    opt_.replay();
+    return grad_norm_;
+  }
+
+ private:
+  at::cuda::CUDAGraph& fwdbwd_;
+  at::cuda::CUDAGraph& opt_;
+  at::Tensor loss_, grad_norm_;
+};
+
+}  // namespace
+
+StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const StepDrivers& d) {
   Graphs& g = *graphs_;
-  const std::string key = step_inputs_key(micro) + (o.ep ? o.ep->capture_key() : "");
-  if (key != key_) {  // new shapes or buffers (or the first step): warm up, then capture
-    key_ = key;
-    warm_ = 0;
+  if (warm_ == 0) {  // a new key: the old graphs go
     g.fwdbwd.reset();
     g.opt.reset();
   }
-  opt_.set_lr(o.lr);  // outside the graphs: each replay reads this step's lr
-  auto current = c10::cuda::getCurrentCUDAStream();
-  StepResult r;
   if (warm_ < warmup_ || !g.fwdbwd) {
+    auto current = c10::cuda::getCurrentCUDAStream();
     at::cuda::CUDAEvent before, after;
     before.record(current);
     before.block(g.stream);
+    StepResult r;
     {
       c10::cuda::CUDAStreamGuard guard(g.stream);
       if (warm_ < warmup_) {
-        r = eager_step(micro, o);  // its phase marks are on g.stream
+        r = run_step(phases_, micro, d);  // the eager warm-up: its phase marks are on g.stream
         ++warm_;
+        ++eager_steps_;
       } else {
-        capture(micro, o);
+        capture(micro, d);
       }
     }
     after.record(g.stream);
@@ -203,30 +251,22 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
     if (!g.fwdbwd) return r;  // a warm-up step
   }
   // Replay on the current stream (the loader's copies into the inputs are ordered before),
-  // with the phase marks (CUDA events) around the two graphs.
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  mark(PhaseTimer::kStart);
-  g.fwdbwd->replay();
-  // Between the graphs: the expert-parallel overflow flag (one small read) and, if a pair
-  // overflowed, the step's eager re-run with the exact exchange into the same gradients.
-  at::Tensor loss = o.ep ? o.ep->settle(*phases_, model_, opt_, micro, o, g.loss) : g.loss;
-  mark(PhaseTimer::kForwardBackwardDone);
-  g.opt->replay();
-  mark(PhaseTimer::kOptimizerDone);
-  bump_versions(model_);
+  // with the phase marks (CUDA events) around the two graphs; between them the
+  // expert-parallel overflow flag (one small read) and, if a pair overflowed, the step's
+  // eager re-run with the exact exchange into the same gradients. The lr is written before
+  // the first replay: each replay reads this step's lr.
+  GraphReplayer ex(*g.fwdbwd, *g.opt, g.loss, g.grad_norm);
+  StepResult r = run_step(phases_, micro, d, ex);
+  bump_versions(phases_.model());
   ++replays_;
   comm_.replay();  // the replay ran the captured collectives without the host counting them
-  r.loss = loss;
-  r.grad_norm = g.grad_norm;
   return r;
 }
 
-void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptions& step_options) {
+void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepDrivers& drivers) {
   Graphs& g = *graphs_;
-  StepOptions o = step_options;
-  o.timer = nullptr;  // no events inside the graphs: the replays are marked instead
+  StepDrivers d = drivers;
+  d.timer = nullptr;  // no events inside the graphs: the replays are marked instead
   // Capturing records the kernels without running them; the replay that follows runs them.
   // One private pool for both graphs: the second may reuse what the first freed, and the
   // static outputs (loss, norm) stay allocated in it. Thread-local capture mode: the
@@ -240,27 +280,23 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
   const double eager_reserved = static_cast<double>(cuda_memory_stats(dev).reserved) / gib;
   cuda_release_cached_memory();
   const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
-  bump_versions(model_);
+  bump_versions(phases_.model());
   g.fwdbwd = std::make_unique<at::cuda::CUDAGraph>();
   g.opt = std::make_unique<at::cuda::CUDAGraph>();
   const char* phase = "forward+backward";
   comm_.begin();  // the collectives issued while capturing are recorded, not run
   try {
-    g.fwdbwd->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    g.loss = phases_->forward_backward(micro, o);
-    phases_->reduce_gradients();
-    if (o.ep) o.ep->reduce_overflow();  // the flag's all-reduce ends the first graph
-    g.fwdbwd->capture_end();
-    phase = "clip+AdamW";
-    g.opt->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    g.grad_norm = phases_->optimizer(o);
-    g.opt->capture_end();
+    GraphRecorder ex(*g.fwdbwd, *g.opt, pool, phase);
+    const StepResult r = run_step(phases_, micro, d, ex);
+    g.loss = r.loss;
+    g.grad_norm = r.grad_norm;
   } catch (const std::exception& e) {
     // Not a user error: something on the step's path cannot be captured. The CPU capture
     // check names the op and module of most such breaks.
     TORCH_CHECK(false, "compile.enable: capturing the ", phase,
                 " graph of the train step failed (run the same config on the CPU for the "
-                "capture check's diagnosis, or set compile.enable = false): ", e.what());
+                "capture check's diagnosis, or set compile.enable = false): ",
+                e.what());
   }
   comm_.end();
   ++captures_;
@@ -280,11 +316,11 @@ void CompiledStep::capture(const std::vector<MicroBatch>& micro, const StepOptio
 
 #else
 
-StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>&, const StepOptions&) {
+StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>&, const StepDrivers&) {
   TORCH_CHECK(false, "CompiledStep: built without the CUDA graph API");
 }
 
-void CompiledStep::capture(const std::vector<MicroBatch>&, const StepOptions&) {}
+void CompiledStep::capture(const std::vector<MicroBatch>&, const StepDrivers&) {}
 
 #endif
 

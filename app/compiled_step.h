@@ -34,17 +34,28 @@ namespace titan {
 // `loop_experts`: their backend resolved to the loop.
 void check_compile_config(const JobConfig& cfg, bool moe_model, bool loop_experts);
 
+// The executor of the one step (app/train_step.h) that compile.enable selects: it runs the
+// step's phases eagerly for the warm-up steps (on CUDA on the capture stream; on the CPU
+// one step, the check's warm-up), then records them into the two graphs and replays them
+// (CUDA) or runs them under the capture check (CPU); past the expert-parallel capacity cap
+// every step runs eagerly. The same phases (the whole model's or a pipeline's) in every case.
 class CompiledStep {
  public:
-  // `phases`: the step's phases when they are not the whole model's (a pipeline's: its
-  // schedule, its gradient reduction, its norm over the stages); null: the model's.
-  CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda, int64_t warmup_steps = 3,
-               StepPhases* phases = nullptr);
+  // `warmup_steps`: the eager steps before a capture on CUDA; the CPU check warms up one.
+  CompiledStep(StepPhases& phases, bool cuda, int64_t warmup_steps = 3);
   ~CompiledStep();
 
   // One training step on the staged (static) inputs: eager warm-up, capture or replay on
-  // CUDA; the eager step under the capture check on the CPU (whose UserError ends the run).
-  StepResult step(const std::vector<MicroBatch>& micro, const StepOptions& o);
+  // CUDA; the eager warm-up, then the step under the capture check on the CPU (whose
+  // UserError ends the run).
+  StepResult step(const std::vector<MicroBatch>& micro, const StepDrivers& d);
+  // debug.capture_check_context (CPU): the ops printed around a capture break.
+  void set_capture_check_context(int64_t n) {
+    if (check_) check_->set_context_ops(n);
+  }
+  // Eager steps run since construction: warm-up steps (after every new input key) and the
+  // exact-only steps past the expert-parallel capacity cap.
+  int64_t eager_steps() const { return eager_steps_; }
 
   // CPU: the check's one line ("capture check: N ops per step, static") once a step has
   // been compared with the reference, then empty. CUDA: "captured the train step ..." once.
@@ -52,8 +63,8 @@ class CompiledStep {
   // Cumulative counts since construction, for the metrics (compile_captures, ...). CUDA:
   // captures (re-captures too) and replays of the step's graphs; a capture replays at once,
   // so W warm-up steps and one capture over N steps give N - W replays. CPU: 0 and 0, and
-  // checked_steps, the steps the capture check compared with its reference (step 1 is
-  // warm-up, step 2 the reference: N - 2 over N steps of one shape); 0 on CUDA.
+  // checked_steps, the steps the capture check compared with its reference (step 1 is the
+  // eager warm-up, step 2 the reference: N - 2 over N steps of one shape); 0 on CUDA.
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t checked_steps() const { return check_ ? check_->steps_compared() : 0; }
@@ -62,23 +73,18 @@ class CompiledStep {
   const CommRecord& comm_record() const { return comm_; }
 
  private:
-  StepResult step_cuda(const std::vector<MicroBatch>& micro, const StepOptions& o);
-  StepResult eager_step(const std::vector<MicroBatch>& micro, const StepOptions& o);
-  void capture(const std::vector<MicroBatch>& micro, const StepOptions& o);
+  StepResult step_cuda(const std::vector<MicroBatch>& micro, const StepDrivers& d);
+  void capture(const std::vector<MicroBatch>& micro, const StepDrivers& d);
 
-  Model& model_;
-  AdamW& opt_;
-  GradSync* sync_;
-  PlainStepPhases plain_;
-  StepPhases* phases_;  // plain_ or the caller's
+  StepPhases& phases_;
   bool cuda_;
   int64_t warmup_;
   std::unique_ptr<CaptureCheck> check_;  // CPU
   struct Graphs;                         // CUDA
   std::unique_ptr<Graphs> graphs_;
-  std::string key_;   // input shapes and addresses of the current capture
+  std::string key_;   // input shapes and addresses (and the ep capacity) of the current capture
   int64_t warm_ = 0;  // eager warm-up steps run for key_
-  int64_t captures_ = 0, replays_ = 0;
+  int64_t captures_ = 0, replays_ = 0, eager_steps_ = 0;
   CommRecord comm_;  // CUDA: the current capture's collectives
   bool reported_ = false;
   std::string report_;

@@ -42,9 +42,9 @@ void EpCapacityControl::reduce_overflow() {
   if (flag_.defined() && p_.agree) p_.agree(flag_);  // in place: the same tensor every step
 }
 
-at::Tensor EpCapacityControl::settle(StepPhases& phases, Model& model, AdamW& opt,
-                                     const std::vector<MicroBatch>& micro, const StepOptions& o,
+at::Tensor EpCapacityControl::settle(StepPhases& phases, const std::vector<MicroBatch>& micro,
                                      const at::Tensor& loss) {
+  Model& model = phases.model();
   ++steps_;
   peak_rows_ = std::max(peak_rows_, ex_->take_exact_peak_rows());
   if (!flag_.defined()) return loss;
@@ -64,13 +64,10 @@ at::Tensor EpCapacityControl::settle(StepPhases& phases, Model& model, AdamW& op
   // place: the optimizer graph reads these buffers), the MoE token counts (counted again by
   // the re-run's forwards, on its own routing) and values kept for recompute.
   const auto before = grad_storage(model);
-  opt.zero_grad();
+  phases.opt().zero_grad();
   model.discard_step_state();
-  StepOptions eo = o;
-  eo.timer = nullptr;
-  eo.ep = nullptr;
   ex_->force_exact(true);
-  at::Tensor l = phases.forward_backward(micro, eo);
+  at::Tensor l = phases.forward_backward(micro);
   phases.reduce_gradients();
   ex_->force_exact(false);
   peak_rows_ = std::max(peak_rows_, ex_->take_exact_peak_rows());
@@ -126,10 +123,9 @@ std::map<std::string, double> EpCapacityControl::take_metrics() {
     m["moe_ep_exact_only"] = exact_only_ ? 1 : 0;
   }
   const int64_t n = ex_->routed_rows();
-  m["moe_ep_peak_pair_load"] =
-      n > 0 ? static_cast<double>(peak_rows_) * static_cast<double>(ex_->size()) /
-                  static_cast<double>(n)
-            : 0;
+  m["moe_ep_peak_pair_load"] = n > 0 ? static_cast<double>(peak_rows_) *
+                                           static_cast<double>(ex_->size()) / static_cast<double>(n)
+                                     : 0;
   overflows_ = reruns_ = peak_rows_ = 0;
   return m;
 }

@@ -24,7 +24,6 @@
 
 namespace titan {
 
-struct StepOptions;
 class StepPhases;
 
 struct EpCapacityPolicy {
@@ -32,8 +31,8 @@ struct EpCapacityPolicy {
   // factor). false: nothing is checked (the exact exchange, a drop policy, or the worst-case
   // capacity); the metrics still report the pair load.
   bool rerun = false;
-  double max_factor = 4;  // moe.ep_capacity_factor_max: the memory cap of the growth
-  double growth = 1.5;    // capacity factor x this on growth
+  double max_factor = 4;   // moe.ep_capacity_factor_max: the memory cap of the growth
+  double growth = 1.5;     // capacity factor x this on growth
   int64_t grow_after = 4;  // overflows within `window` steps that grow the capacity
   int64_t window = 100;
   // The flag's max over every rank a re-run involves, after the ep group's: the re-run's
@@ -56,8 +55,7 @@ class EpCapacityControl {
   // forward+backward and gradient reduction again with the exact exchange on the same
   // micro-batches (the whole model's, or a pipeline's schedule); returns that run's loss,
   // else `loss`. Then applies the growth policy.
-  at::Tensor settle(StepPhases& phases, Model& model, AdamW& opt,
-                    const std::vector<MicroBatch>& micro, const StepOptions& o,
+  at::Tensor settle(StepPhases& phases, const std::vector<MicroBatch>& micro,
                     const at::Tensor& loss);
 
   // Past the capacity cap: every step runs eagerly with the exact exchange (no capture).

@@ -56,7 +56,8 @@ int report_oom(const std::string& what, const JobConfig* cfg) {
     where = "; the host has " + gib(avail) + " available";
   std::string hint =
       "lower training.local_batch_size or training.seq_len, set activation_checkpoint.mode = "
-      "\"full\" or \"selective\", or shard over more ranks (parallelism.data_parallel_shard_degree)";
+      "\"full\" or \"selective\", or shard over more ranks "
+      "(parallelism.data_parallel_shard_degree)";
   if (cfg) {
     std::ostringstream os;
     os << "lower training.local_batch_size (now " << cfg->training.local_batch_size
@@ -94,7 +95,8 @@ int report_current_exception(const JobConfig* cfg) {
     const std::string msg = e.what_without_backtrace();
     const std::string full = e.what();
     std::fprintf(stderr, "titan-train: internal error: %s\n", first_line(msg).c_str());
-    const std::string rest = full.size() > first_line(msg).size() ? full.substr(first_line(msg).size()) : "";
+    const std::string rest =
+        full.size() > first_line(msg).size() ? full.substr(first_line(msg).size()) : "";
     if (!rest.empty()) std::fprintf(stderr, "  details and stack:%s\n", rest.c_str());
     std::fprintf(stderr, "  please report it with the command line and config\n");
     return kExitInternalError;
@@ -107,22 +109,13 @@ int report_current_exception(const JobConfig* cfg) {
   }
 }
 
-void maybe_plant_error() {
-  const char* kind = std::getenv("TITAN_PLANT_ERROR");
-  if (!kind || !*kind) return;
-  if (std::strcmp(kind, "internal") == 0) TORCH_CHECK(false, "planted invariant failure");
-  if (std::strcmp(kind, "oom") == 0)
+void maybe_plant_error(const JobConfig& cfg) {
+  const std::string& kind = cfg.debug.plant_error;  // the registry admits only its choices
+  if (kind == "internal") TORCH_CHECK(false, "planted invariant failure");
+  if (kind == "oom")
     TORCH_CHECK_WITH(OutOfMemoryError, false,
-                     "planted: tried to allocate 1.00 TiB (TITAN_PLANT_ERROR=oom)");
-  if (std::strcmp(kind, "std") == 0) throw std::runtime_error("planted std::runtime_error");
-  if (std::strcmp(kind, "host_read") == 0) return;  // acts inside the step (planted_host_read)
-  throw UserError("TITAN_PLANT_ERROR = '" + std::string(kind) +
-                  "': allowed: internal, oom, std, host_read");
-}
-
-bool planted_host_read() {
-  const char* kind = std::getenv("TITAN_PLANT_ERROR");
-  return kind && std::strcmp(kind, "host_read") == 0;
+                     "planted: tried to allocate 1.00 TiB (debug.plant_error = \"oom\")");
+  if (kind == "std") throw std::runtime_error("planted std::runtime_error");
 }
 
 }  // namespace titan

@@ -16,11 +16,9 @@ constexpr int kExitNonFiniteLoss = 4;  // the loss became nan or inf (training d
 // out-of-memory message.
 int report_current_exception(const JobConfig* cfg);
 
-// Test hook: TITAN_PLANT_ERROR=internal|oom|std throws that kind of error where a run would
-// start training, so tests can check each mapping without exhausting real memory.
-void maybe_plant_error();
-// TITAN_PLANT_ERROR=host_read: every step reads its loss on the host right after the
-// output layer's forward, a capture break the capture check must report (exit 2).
-bool planted_host_read();
+// Test seam: debug.plant_error = internal|oom|std throws that kind of error where a run
+// would start training, so tests can check each mapping without exhausting real memory
+// (host_read acts inside the step: StepTestHooks).
+void maybe_plant_error(const JobConfig& cfg);
 
 }  // namespace titan

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     }
     validate_for_world(cli.cfg, launch.world_size);
     cfg = cli.cfg;
-    maybe_plant_error();
+    maybe_plant_error(cli.cfg);
     return run_train_command(cli.cfg, launch);
   } catch (...) {
     return report_current_exception(cfg ? &*cfg : nullptr);

@@ -124,21 +124,17 @@ std::string PipelineTraining::describe() const {
   return os.str();
 }
 
-void PipelineTraining::bind(AdamW& opt, GradSync* sync) {
-  opt_ = &opt;
-  sync_ = sync;
-}
-
 at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& micro,
-                                              const StepOptions& o) {
+                                              const StepObjective& obj, const StepTestHooks& hooks,
+                                              GradSync* sync) {
   const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
   const int64_t n = plan_.microbatches;
   // The auxiliary loss of a pipeline micro-batch is a mean over its sequences: the step's is
-  // the mean over every sequence, as train_step's.
-  const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(o.dp_degree);
+  // the mean over every sequence, as the plain step's.
+  const double aux_div = static_cast<double>(micro.size() * n) * static_cast<double>(obj.dp_degree);
   // The schedule interleaves the backwards of its micro-batches, so no backward is "the last
   // micro-batch's": the replicas' gradients are summed in reduce_gradients, once.
-  if (sync_) sync_->begin_micro_batch(false);
+  if (sync) sync->begin_micro_batch(false);
   at::Tensor total;
   for (const MicroBatch& big : micro) {
     TORCH_CHECK(big.tokens.size(0) == n * mbs, "pipeline step: a micro-batch of ",
@@ -146,15 +142,17 @@ at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& mic
     std::vector<MicroBatch> pieces;
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({big.tokens.narrow(0, k * mbs, mbs), big.labels.narrow(0, k * mbs, mbs)});
-    at::Tensor loss = runner_->run(pieces, o.global_tokens, aux_div);
-    if (plan_.overlap_pairs && !overlap_logged_) {
+    at::Tensor loss = runner_->run(pieces, obj.global_tokens, aux_div);
+    // Whenever the schedule has pairs under expert parallelism, overlapped or not: the count
+    // says what ran (0 with pipeline_parallel_expert_parallel_overlap = false).
+    if (plan_.has_pairs && cfg_.parallelism.expert_parallel_degree > 1 && !overlap_logged_) {
       overlap_logged_ = true;
       log_info("=> pipeline: " + std::to_string(runner_->last_overlapped_pairs()) +
                " forward + backward pairs ran overlapped, passing the turn " +
                std::to_string(runner_->last_overlap_turns()) +
                " times at their expert all-to-alls");
     }
-    if (o.plant_host_read && holds_last_stage()) plant_host_read(loss);
+    if (hooks.plant_host_read && holds_last_stage()) plant_host_read(loss);
     compute_ms_ += runner_->last_compute_ms();
     total_ms_ += runner_->last_total_ms();
     total = total.defined() ? total + loss : loss;
@@ -162,52 +160,36 @@ at::Tensor PipelineTraining::forward_backward(const std::vector<MicroBatch>& mic
   return total;
 }
 
-std::vector<at::Tensor> PipelineTraining::mine() const {
+std::vector<at::Tensor> PipelineTraining::param_tensors() const {
   std::vector<at::Tensor> out;
   for (int64_t i : params_) out.push_back(model_.params()[i].value);
   return out;
 }
 
-void PipelineTraining::reduce_gradients() {
-  if (sync_) sync_->reduce_gradients(mine());
+void PipelineTraining::reduce_norm_sq_over_stages(at::Tensor& norm_sq) {
+  pp_.allreduce(norm_sq, ReduceOp::Sum);
 }
 
-at::Tensor PipelineTraining::optimizer(const StepOptions& o) {
-  TORCH_CHECK(opt_, "PipelineTraining: no optimizer bound");
-  RECORD_USER_SCOPE("titan::optimizer");
-  const std::vector<at::Tensor> params = mine();
-  at::Tensor norm_sq = grad_norm_sq(params);
-  if (sync_) sync_->reduce_norm_sq(norm_sq);
-  pp_.allreduce(norm_sq, ReduceOp::Sum);  // every stage's share of the one norm
-  at::Tensor norm = at::sqrt(norm_sq);
-  clip_grad_norm(params, o.max_norm, norm);
-  opt_->step();
-  model_.weights_updated();
-  opt_->zero_grad();
-  model_.after_optimizer_step();
-  if (sync_) sync_->after_optimizer_step();
-  return norm;
-}
-
-StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
-                                  const StepOptions& o, GradSync* sync) {
-  bind(opt, sync);
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
-  };
-  opt.set_lr(o.lr);
-  mark(PhaseTimer::kStart);
-  StepResult r;
-  r.loss = forward_backward(micro, o);
-  reduce_gradients();
-  if (o.ep) {  // the static exchange's overflow: re-run the schedule exactly (app/ep_capacity.h)
-    o.ep->reduce_overflow();
-    r.loss = o.ep->settle(*this, model_, opt, micro, o, r.loss);
+void PipelineTraining::log_metrics(std::map<std::string, double>& extra, bool cuda) {
+  const std::string prefix = "moe/layer";
+  for (auto it = extra.begin(); it != extra.end();) {
+    const std::string& k = it->first;
+    if (k.rfind(prefix, 0) == 0 && !holds_layer(std::atoll(k.c_str() + prefix.size())))
+      it = extra.erase(it);
+    else
+      ++it;
   }
-  mark(PhaseTimer::kForwardBackwardDone);
-  r.grad_norm = optimizer(o);
-  mark(PhaseTimer::kOptimizerDone);
-  return r;
+  extra["pp/bubble_scheduled"] = scheduled_bubble();
+  const double measured = take_measured_bubble();
+  if (!cuda && measured >= 0) extra["pp/bubble_measured"] = measured;
+}
+
+void PipelineTraining::bind_checkpoint_state(TrainingState& st, bool stage_lead) {
+  st.opt_slot.assign(static_cast<size_t>(model_.params().size()), -1);
+  for (size_t k = 0; k < params_.size(); ++k)  // ascending, the optimizer's order
+    st.opt_slot[static_cast<size_t>(params_[k])] = static_cast<int64_t>(k);
+  st.holds_buffer = [this](const std::string& name) { return holds_buffer(name); };
+  st.stage_lead = stage_lead;
 }
 
 }  // namespace titan

@@ -11,10 +11,12 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "app/checkpointer.h"
 #include "app/pipeline_dump.h"
 #include "app/train_step.h"
 #include "core/config/config.h"
@@ -29,7 +31,7 @@ namespace titan {
 // parallel slices, each sequence-parallel over the tp ranks).
 int64_t stage_seq_divisor(const JobConfig& cfg);
 
-class PipelineTraining : public StepPhases {
+class PipelineTraining {
  public:
   // `model` was built with its parameters deferred (meta): this allocates and initializes
   // from `seed` only those of this rank's stages, unless `allocate` is false (FSDP of the
@@ -39,20 +41,25 @@ class PipelineTraining : public StepPhases {
 
   // Store indices of this rank's parameters, ascending (what the optimizer steps).
   const std::vector<int64_t>& params() const { return params_; }
-  // One optimizer step. StepResult::loss is this rank's share of the global mean (zero on the
-  // ranks without the last stage, so a sum over the ranks is the loss); grad_norm is the
-  // global norm over every stage's gradients, on every rank.
-  // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
-  StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
-                  GradSync* sync = nullptr);
-  // The optimizer and gradient sync the phases below use (step() binds them too).
-  void bind(AdamW& opt, GradSync* sync);
-  // StepPhases, for the capture check and the CUDA graphs (app/compiled_step.h): the schedule
-  // over every micro-batch (the loss share); the data-parallel gradient reduction; the norm
-  // over every stage, clipping, AdamW and the post-step update (the global norm).
-  at::Tensor forward_backward(const std::vector<MicroBatch>& micro, const StepOptions& o) override;
-  void reduce_gradients() override;
-  at::Tensor optimizer(const StepOptions& o) override;
+  // This rank's parameters, in params()' order.
+  std::vector<at::Tensor> param_tensors() const;
+  // The schedule over every loader micro-batch, each cut into the schedule's micro-batches;
+  // returns this rank's loss share (zero on the ranks without the last stage, so a sum over
+  // the ranks is the loss). `sync`: the replicas' gradient sync (null: none).
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro, const StepObjective& obj,
+                              const StepTestHooks& hooks, GradSync* sync);
+  // Sums a squared gradient norm over the pipeline ranks (every stage's share of the one norm).
+  void reduce_norm_sq_over_stages(at::Tensor& norm_sq);
+  // A log step's metrics: this rank's idle share (pp/bubble_scheduled, and on the CPU
+  // pp/bubble_measured), and only its own stages' MoE layer loads (the others' entries are
+  // zero counts here and are dropped).
+  void log_metrics(std::map<std::string, double>& extra, bool cuda);
+  // What a checkpoint of this rank holds: its stages' optimizer slots and buffers;
+  // `stage_lead`: this rank writes the stage's step counts and buffers (shard and tp rank 0).
+  void bind_checkpoint_state(TrainingState& st, bool stage_lead);
+  // Broadcasts `t` over the pipeline group from pipeline rank `owner` (a stage's tensor to
+  // the rank assembling the whole model).
+  void broadcast_from_owner(at::Tensor& t, int64_t owner) { pp_.broadcast(t, owner); }
   // Validation: the summed token loss of `batch` (validation.local_batch_size sequences, cut
   // into pipeline micro-batches) through the stages' forwards alone, no gradient; on the
   // ranks holding the last stage, zero elsewhere. Call under NoGradGuard.
@@ -88,10 +95,29 @@ class PipelineTraining : public StepPhases {
   at::ScalarType dtype_;
   at::Device device_;
   std::vector<int64_t> params_;
-  AdamW* opt_ = nullptr;
-  GradSync* sync_ = nullptr;
-  std::vector<at::Tensor> mine() const;   // this rank's parameters, in params_' order
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble
+};
+
+// What a pipeline plugs into the one step (app/train_step.h): the schedule as the
+// forward+backward, its stages' parameters for the gradient reduction and the optimizer, and
+// the pipeline group for the gradient norm.
+class PipelineStepPhases : public StepPhases {
+ public:
+  PipelineStepPhases(PipelineTraining& pipeline, Model& model, AdamW& opt, GradSync* sync,
+                     const StepObjective& objective, const StepTestHooks& hooks = {})
+      : StepPhases(model, opt, sync, objective, hooks), pipeline_(pipeline) {}
+  at::Tensor forward_backward(const std::vector<MicroBatch>& micro) override {
+    return pipeline_.forward_backward(micro, objective_, hooks_, sync_);
+  }
+
+ protected:
+  std::vector<at::Tensor> stepped_params() override { return pipeline_.param_tensors(); }
+  void reduce_norm_sq_beyond_sync(at::Tensor& norm_sq) override {
+    pipeline_.reduce_norm_sq_over_stages(norm_sq);
+  }
+
+ private:
+  PipelineTraining& pipeline_;
 };
 
 }  // namespace titan

@@ -36,20 +36,20 @@ void plant_host_read(const at::Tensor& loss) {
   (void)loss.item<double>();
 }
 
-at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
-                            const StepOptions& o, GradSync* grad_sync) {
+at::Tensor PlainStepPhases::forward_backward(const std::vector<MicroBatch>& micro) {
   RECORD_USER_SCOPE("titan::forward_backward");  // named spans in profiler traces
   // The auxiliary loss of a micro-batch is a mean over its sequences; the step's is the
   // mean over all sequences of every rank, and the ranks' gradients are summed.
-  const double aux_div = static_cast<double>(micro.size()) * static_cast<double>(o.dp_degree);
+  const double aux_div =
+      static_cast<double>(micro.size()) * static_cast<double>(objective_.dp_degree);
   at::Tensor total;
   for (size_t k = 0; k < micro.size(); ++k) {
     const MicroBatch& mb = micro[k];
-    if (grad_sync) grad_sync->begin_micro_batch(k + 1 == micro.size());
+    if (sync_) sync_->begin_micro_batch(k + 1 == micro.size());
     // Fused, chunked output projection + loss: the (B, T, V) logits never exist.
-    at::Tensor loss = model.token_loss_sum(mb.tokens, mb.labels) / o.global_tokens;
-    if (o.plant_host_read) plant_host_read(loss);
-    at::Tensor aux = model.aux_loss();
+    at::Tensor loss = model_.token_loss_sum(mb.tokens, mb.labels) / objective_.global_tokens;
+    if (hooks_.plant_host_read) plant_host_read(loss);
+    at::Tensor aux = model_.aux_loss();
     at::Tensor objective = aux.defined() ? loss + aux / aux_div : loss;
     objective.backward();
     total = total.defined() ? total + loss.detach() : loss.detach();
@@ -57,52 +57,63 @@ at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
   return total;
 }
 
-void reduce_gradients(Model& model, GradSync* grad_sync) {
-  if (!grad_sync) return;
+void StepPhases::reduce_gradients() {
+  if (!sync_) return;
   RECORD_USER_SCOPE("titan::reduce_gradients");
-  auto params = model.params().tensors();
-  grad_sync->reduce_gradients(params);
+  sync_->reduce_gradients(stepped_params());
 }
 
-at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* grad_sync) {
+at::Tensor StepPhases::optimizer() {
   RECORD_USER_SCOPE("titan::optimizer");
-  auto params = model.params().tensors();
+  const std::vector<at::Tensor> params = stepped_params();
   at::Tensor norm_sq = grad_norm_sq(params);
-  // After the gradient all-reduce every rank holds the same full gradient, so the local norm
-  // already is the global one under pure replication; the hook exists for sharded layouts.
-  if (grad_sync) grad_sync->reduce_norm_sq(norm_sq);
+  // After a gradient all-reduce every replica holds the same full gradient, so the local
+  // norm already is the global one under pure replication; GradSync sums the shards' shares
+  // under sharded layouts, and a pipeline adds its other stages'.
+  if (sync_) sync_->reduce_norm_sq(norm_sq);
+  reduce_norm_sq_beyond_sync(norm_sq);
   at::Tensor norm = at::sqrt(norm_sq);
-  clip_grad_norm(params, o.max_norm, norm);
-  opt.step();  // reads the lr written by set_lr before the step
-  model.weights_updated();  // the fused kernel bumps no version counter (model.h)
-  opt.zero_grad();
-  model.after_optimizer_step();
-  if (grad_sync) grad_sync->after_optimizer_step();
+  clip_grad_norm(params, objective_.max_norm, norm);
+  opt_.step();               // reads the lr written by set_lr before the step
+  model_.weights_updated();  // the fused kernel bumps no version counter (model.h)
+  opt_.zero_grad();
+  model_.after_optimizer_step();
+  if (sync_) sync_->after_optimizer_step();
   return norm;
 }
 
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
-                      const StepOptions& o, GradSync* grad_sync) {
-  auto mark = [&o](PhaseTimer::Phase p) {
-    if (o.timer) o.timer->mark(p);
+StepResult run_step(StepPhases& phases, const std::vector<MicroBatch>& micro, const StepDrivers& d,
+                    StepExecutor& ex) {
+  auto mark = [&d](PhaseTimer::Phase p) {
+    if (d.timer) d.timer->mark(p);
   };
-  // The lr reaches the optimizer as a device tensor written here, before the step's work, as
-  // a captured step writes it before each replay.
-  opt.set_lr(o.lr);
+  phases.opt().set_lr(d.lr);
   mark(PhaseTimer::kStart);
   StepResult r;
-  r.loss = forward_backward(model, micro, o, grad_sync);
-  if (!o.ep) mark(PhaseTimer::kForwardBackwardDone);
-  reduce_gradients(model, grad_sync);
-  if (o.ep) {  // an overflowed step's re-run counts as forward+backward time
-    o.ep->reduce_overflow();
-    PlainStepPhases phases(model, opt, grad_sync);
-    r.loss = o.ep->settle(phases, model, opt, micro, o, r.loss);
-    mark(PhaseTimer::kForwardBackwardDone);
-  }
-  r.grad_norm = optimizer_phase(model, opt, o, grad_sync);
+  r.loss = ex.forward_backward([&] {
+    at::Tensor loss = phases.forward_backward(micro);
+    phases.reduce_gradients();
+    if (d.ep) d.ep->reduce_overflow();  // the flag's all-reduce ends the first graph
+    return loss;
+  });
+  if (d.ep) ex.between([&] { r.loss = d.ep->settle(phases, micro, r.loss); });
+  mark(PhaseTimer::kForwardBackwardDone);
+  r.grad_norm = ex.optimizer([&] { return phases.optimizer(); });
   mark(PhaseTimer::kOptimizerDone);
   return r;
+}
+
+StepResult run_step(StepPhases& phases, const std::vector<MicroBatch>& micro,
+                    const StepDrivers& d) {
+  StepExecutor eager;
+  return run_step(phases, micro, d, eager);
+}
+
+StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+                      const StepObjective& objective, const StepDrivers& d, GradSync* sync,
+                      const StepTestHooks& hooks) {
+  PlainStepPhases phases(model, opt, sync, objective, hooks);
+  return run_step(phases, micro, d);
 }
 
 // torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: the GEMMs whose weight has the

@@ -29,11 +29,6 @@
 namespace titan {
 namespace {
 
-// The dtype gradients are summed in across data-parallel ranks (DDP and FSDP alike).
-at::ScalarType reduce_dtype(const JobConfig& cfg) {
-  return cfg.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-}
-
 std::string human(int64_t n) {
   std::ostringstream os;
   os.precision(3);
@@ -46,20 +41,6 @@ std::string human(int64_t n) {
   else
     os << n;
   return os.str();
-}
-
-// Under pipeline parallelism a rank knows the MoE load of its own stages' layers only: the
-// others' "moe/layer<l>/..." entries (all zero counts here) are left out of its metrics.
-void drop_other_stages_metrics(std::map<std::string, double>& extra,
-                               const PipelineTraining& pipeline) {
-  const std::string prefix = "moe/layer";
-  for (auto it = extra.begin(); it != extra.end();) {
-    const std::string& k = it->first;
-    if (k.rfind(prefix, 0) == 0 && !pipeline.holds_layer(std::atoll(k.c_str() + prefix.size())))
-      it = extra.erase(it);
-    else
-      ++it;
-  }
 }
 
 }  // namespace
@@ -81,7 +62,7 @@ int Trainer::run() {
   setup_model();
   parallelize();
   setup_optimizer();
-  setup_compile();
+  setup_step();
   log_plan();
   resume();
   if (cfg_.checkpoint.create_seed_checkpoint) return write_seed_checkpoint();
@@ -101,9 +82,12 @@ bool resolve_cuda(const std::string& device, int64_t local_rank) {
   if (device == "cpu") return false;
   const int64_t gpus = cuda_device_count();
   if (device == "cuda" && gpus == 0)
-    throw UserError("training.device = \"cuda\": no CUDA device is visible to this process "
-                    "(CUDA_VISIBLE_DEVICES='" + std::string(std::getenv("CUDA_VISIBLE_DEVICES")
-                    ? std::getenv("CUDA_VISIBLE_DEVICES") : "") + "'); allowed here: cpu, auto");
+    throw UserError(
+        "training.device = \"cuda\": no CUDA device is visible to this process "
+        "(CUDA_VISIBLE_DEVICES='" +
+        std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES")
+                                                        : "") +
+        "'); allowed here: cpu, auto");
   if (gpus == 0) return false;
   if (local_rank >= gpus)
     throw UserError("LOCAL_RANK " + std::to_string(local_rank) + " has no GPU: this node shows " +
@@ -159,10 +143,9 @@ void Trainer::setup_distributed() {
     dp_rank_ = mesh_->dp_rank();
   }
   // dp_shard > 1 (or expert parallelism) shards the model (FSDP, HSDP with replicas);
-  // otherwise the replicas hold it whole and all-reduce gradients (DDP). TITAN_FORCE_FSDP=1
-  // shards even over one rank, so FSDP's collectives can be checked on a single GPU.
-  const char* force = std::getenv("TITAN_FORCE_FSDP");
-  fsdp_ = mesh_ && (mesh_->shard > 1 || mesh_->ep > 1 || (force && std::string(force) == "1"));
+  // otherwise the replicas hold it whole and all-reduce gradients (DDP). The test seam
+  // debug.force_fsdp shards even over one rank, so FSDP's collectives run on a single GPU.
+  fsdp_ = mesh_ && (mesh_->shard > 1 || mesh_->ep > 1 || cfg_.debug.force_fsdp);
   // Pure replication, sharding or both: the dp rank is the global rank (dp degree = world).
   auto allreduce_max = [p = pg_.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Max); };
   preempt_ = std::make_unique<PreemptionAgreement>(
@@ -200,16 +183,16 @@ void Trainer::setup_data() {
   // Validation keys are resolved only when validation runs.
   const auto& v = cfg_.validation;
   if (v.enable && !v.dataset_path.empty())
-    val_blend_ = open_blend(dataset_specs(v.dataset, v.dataset_path, {}, "validation"), vocab,
-                            0.0, raw);
+    val_blend_ =
+        open_blend(dataset_specs(v.dataset, v.dataset_path, {}, "validation"), vocab, 0.0, raw);
   // Too little validation data is found now, before training, not at the first validation.
   if (v.enable)
     ValidationReader(val_blend_ ? *val_blend_ : *blend_, /*holdout=*/!val_blend_, v.seq_len,
                      v.local_batch_size, dp_rank_, d_.dp_degree, device_);
-  loader_ = std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, dp_rank_,
-                                     d_.dp_degree, d_.grad_accum_steps,
-                                     static_cast<uint64_t>(cfg_.debug.seed), device_,
-                                     /*prefetch_depth=*/2);
+  loader_ =
+      std::make_unique<Loader>(*blend_, t.seq_len, t.local_batch_size, dp_rank_, d_.dp_degree,
+                               d_.grad_accum_steps, static_cast<uint64_t>(cfg_.debug.seed), device_,
+                               /*prefetch_depth=*/2);
 }
 
 void Trainer::setup_model() {
@@ -246,8 +229,9 @@ void Trainer::setup_model() {
   if (bf16_) model_->set_compute_dtype(at::kBFloat16);
   setup_float8();
   if (apply_activation_checkpointing(*model_, cfg_.activation_checkpoint) == "op")
-    log_info("=> activation checkpointing: selective op (GEMM and attention outputs saved, "
-             "the ops between them recomputed)");
+    log_info(
+        "=> activation checkpointing: selective op (GEMM and attention outputs saved, "
+        "the ops between them recomputed)");
   if (cc.initial_load_in_hf || cc.last_save_in_hf)  // validate_config: both can act
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init_ && !fsdp_ && tp_ == 1 && pp_ == 1) load_hf_init();
@@ -271,6 +255,7 @@ void Trainer::setup_float8() {
           ci.name + " is sm_" + std::to_string(ci.major) + std::to_string(ci.minor) +
           "; allowed: quantize.linear.float8.emulate = true (emulated float8 GEMMs)");
   }
+  if (!cuda_ && !opts.emulate && opts.recipe == float8::Recipe::Tensorwise) probe_cpu_float8(opts);
   Float8Plan plan = plan_float8_linears(model_->params(), f.filter_fqns, opts.recipe);
   if (tp_ > 1) keep_tp_replicated_high_precision(model_->tp_plan(), model_->params(), plan);
   model_->set_float8(opts, plan.converted);
@@ -294,6 +279,26 @@ void Trainer::setup_float8() {
         "as torchtitan does");
 }
 
+// ATen's CPU _scaled_mm is hundreds of times slower than the emulation on some processors
+// (core/kernels/float8_linear.h): measured once at start, and emulated where it is slow. The
+// ranks agree (the slowest rank's verdict), so every rank computes the same numbers.
+void Trainer::probe_cpu_float8(float8::Options& opts) {
+  const float8::CpuProbe p = float8::probe_cpu_scaled_mm(bf16_ ? at::kBFloat16 : at::kFloat,
+                                                         cfg_.debug.float8_plant_slow_scaled_mm_ms);
+  bool slow = p.slow;
+  if (pg_) {
+    at::Tensor t = at::full({1}, slow ? 1.0 : 0.0, at::TensorOptions().device(device_));
+    pg_->allreduce(t, ReduceOp::Max);
+    slow = t.item<double>() > 0;
+  }
+  opts.cpu_scaled_mm = !slow;
+  log_info(std::string("=> float8: ") + p.describe() +
+           (slow ? (p.slow ? ": too slow, the CPU GEMMs are emulated (same recipe, fp32 "
+                             "arithmetic of the dequantized operands)"
+                           : ": another rank measured it too slow, the CPU GEMMs are emulated")
+                 : ": using it"));
+}
+
 void Trainer::load_hf_init() {
   const std::string& dir = cfg_.checkpoint.initial_load_path;
   const HfImportStats stats = import_model_hf(*model_, dir);
@@ -313,230 +318,6 @@ void Trainer::load_hf_init() {
            stats.describe() + " on rank 0" + most);
 }
 
-// TITAN_COMM_OVERLAP=0 turns off the FSDP prefetches, the early reduce-scatter and replica
-// waits and the DDP backward hooks: the blocking schedule, kept only to measure what the
-// overlap buys side by side (docs/distributed.md). Not a config key: nobody should train so.
-static bool comm_overlap() {
-  const char* v = std::getenv("TITAN_COMM_OVERLAP");
-  return v == nullptr || std::string(v) != "0";
-}
-
-// Tensor parallelism cuts the parameters first (parallel/tensor_parallel.h); FSDP then shards
-// the slices over the data-parallel ranks of each tp index.
-void Trainer::apply_tp() {
-  if (tp_ == 1) return;
-  const auto& cc = cfg_.checkpoint;
-  if (cc.initial_load_in_hf || cc.last_save_in_hf)
-    throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
-                    " with checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face import "
-                    "and export of tensor-parallel slices are not implemented yet; allowed: "
-                    "tensor_parallel_degree = 1, or both false (native checkpoints work)");
-  if (cfg_.moe.seq_aux_loss_coeff > 0 && model_->num_experts() > 0)
-    throw UserError("parallelism.tensor_parallel_degree = " + std::to_string(tp_) +
-                    " with moe.seq_aux_loss_coeff > 0: the sequence-wise balance loss needs whole "
-                    "sequences, and tensor parallelism routes sequence shards; allowed: "
-                    "seq_aux_loss_coeff = 0 under tensor parallelism");
-  // Expert tensor parallelism (etp = tp; config.cpp refuses other values): the routed experts
-  // are cut along their hidden size as well, and with expert parallelism each tp index's ep
-  // group exchanges the rows for its slices (docs/distributed.md).
-  const int64_t etp = cfg_.parallelism.expert_tensor_parallel_degree;
-  const bool split_experts = etp > 1 && model_->num_experts() > 0;
-  const bool async = cfg_.parallelism.enable_async_tensor_parallel;
-  apply_tensor_parallel(*model_, *mesh_->tp_group, split_experts, async);
-  if (async)
-    log_info(
-        "=> async tensor parallel: the all-gathers before the column-parallel GEMMs and "
-        "the reduce-scatters after the row-parallel ones run in chunks of the sequence, "
-        "each overlapping another chunk's GEMM (forward and backward)");
-  // The chunked ops run plain GEMMs; a float8 linear falls back to plain TP's composition
-  // (parallel/tensor_parallel.cpp), so its collectives are not overlapped (docs/float8.md).
-  if (async && float8_linear_enabled(cfg_))
-    log_info(
-        "=> async tensor parallel with float8 linears: the float8 linears keep plain TP's "
-        "all-gather and reduce-scatter (not chunked, not overlapped); only the high-precision "
-        "linears are chunked");
-  if (split_experts) {
-    int64_t mine = 0, whole = 0;
-    const TpPlan& plan = model_->tp_plan();
-    for (const auto* list : {&plan.expert_column, &plan.expert_row})
-      for (int64_t i : *list) {
-        const Param& p = model_->params()[i];
-        mine += p.value.numel();
-        whole += c10::multiply_integers(p.model_shape());
-      }
-    log_info("=> expert tensor parallel: etp " + std::to_string(etp) +
-             ", the routed experts split along their hidden size (w1/w3 rows, w2 columns) over "
-             "the tp ranks; each tp rank routes the whole sequence" +
-             (cfg_.parallelism.expert_parallel_degree > 1
-                  ? ", exchanges its rows over its tp index's ep group (ep " +
-                        std::to_string(cfg_.parallelism.expert_parallel_degree) + ")"
-                  : std::string()) +
-             " and reduce-scatters the partial outputs; routed-expert parameters on this tp "
-             "rank " +
-             std::to_string(mine) + " of " + std::to_string(whole));
-  }
-}
-
-EpExchangeOptions Trainer::ep_options() const {
-  EpExchangeOptions o;
-  // auto: static under capture (it needs fixed shapes and no host read), exact otherwise
-  // (no drops and no worst-case buffer: docs/moe.md).
-  const std::string& x = cfg_.moe.ep_exchange;
-  o.fixed = x == "static" || (x == "auto" && cfg_.compile.enable);
-  o.capacity_factor = cfg_.moe.ep_capacity_factor;
-  o.drop_policy = cfg_.moe.ep_drop_policy == "probs" ? EpDropPolicy::Probs : EpDropPolicy::None;
-  if (o.drop_policy == EpDropPolicy::Probs && !o.fixed)
-    throw UserError("moe.ep_drop_policy = \"probs\" drops rows over the static exchange's "
-                    "capacity, but moe.ep_exchange = \"" + x + "\" runs the exact exchange here, "
-                    "which drops nothing; allowed: ep_drop_policy = \"none\", or ep_exchange = "
-                    "\"static\" (\"auto\" with compile.enable)");
-  return o;
-}
-
-void Trainer::set_expert_exchange(ProcessGroup& group) {
-  const EpExchangeOptions o = ep_options();
-  auto ex = make_expert_exchange(group, o);
-  model_->set_expert_exchange(ex);
-  EpCapacityPolicy p;
-  p.rerun = o.fixed && o.drop_policy == EpDropPolicy::None;
-  p.max_factor = std::max(cfg_.moe.ep_capacity_factor_max, o.capacity_factor);
-  // Every rank re-runs or none: FSDP's gathers span several ep groups, and a pipeline's
-  // transfers span the stages.
-  if (pg_ && pg_->size() > group.size())
-    p.agree = [w = pg_.get()](at::Tensor& flag) { w->allreduce(flag, ReduceOp::Max); };
-  ep_control_ = std::make_unique<EpCapacityControl>(ex, p);
-}
-
-// Pipeline parallelism: tensor parallelism first (the stages' parameters become tp slices)
-// and context parallelism (each rank runs its slice of every sequence through its stages),
-// then only this rank's stages are allocated and drawn, sharded (FSDP, HSDP) or replicated
-// (DDP) over the stage's data-parallel ranks. The MoE load counts of a layer live on its
-// stage: summed over the stage group, never along the pipeline.
-void Trainer::parallelize_pipeline() {
-  apply_tp();
-  // Context parallelism inside each stage: the stage group's cp ranks (same pipeline rank)
-  // cut every micro-batch as a whole batch, and the pipeline links equal cp indices.
-  if (cp_ > 1) log_info(apply_context_parallel(*model_, *mesh_->cp_group, cfg_));
-  if (cfg_.parallelism.expert_parallel_degree > 1) set_expert_exchange(*mesh_->ep_group);
-  pipeline_ = std::make_unique<PipelineTraining>(cfg_, *model_, *pipe_pg_,
-                                                 bf16_ ? at::kBFloat16 : at::kFloat, device_,
-                                                 static_cast<uint64_t>(cfg_.debug.seed),
-                                                 /*allocate=*/!fsdp_);
-  if (fsdp_) {
-    // As torchtitan: no reshard after forward inside a step (the schedule runs each stage's
-    // forward once per micro-batch), so a unit is gathered once per step.
-    FsdpOptions fo;
-    fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype = reduce_dtype(cfg_);
-    fo.reshard_after_forward = false;
-    fo.gather_once_per_step = true;
-    fo.only_params = pipeline_->params();
-    if (!comm_overlap()) {
-      fo.backward_prefetch = false;
-      fo.max_inflight_reductions = 0;
-    }
-    if (float8_linear_enabled(cfg_) && cfg_.float8.enable_fsdp_float8_all_gather) {
-      const std::vector<int64_t>& mine = fo.only_params;  // this rank's stages' float8 weights
-      for (int64_t i : model_->float8_params())
-        if (std::find(mine.begin(), mine.end(), i) != mine.end()) fo.float8_params.push_back(i);
-      fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
-    }
-    sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
-    if (!hf_init_) model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
-    grad_sync_ = sharded_.get();
-  } else if (mesh_->dp_degree() > 1) {
-    // DDP replicas of the pipeline: each stage's parameters summed over its replicas once
-    // the schedule is done (no overlap: a schedule's backwards interleave micro-batches).
-    std::vector<at::Tensor> mine;
-    for (int64_t i : pipeline_->params()) mine.push_back(model_->params()[i].value);
-    ddp_ = std::make_unique<DataParallel>(*mesh_->replicate_group, mine, reduce_dtype(cfg_),
-                                          25 << 20, /*overlap=*/false);
-    grad_sync_ = ddp_.get();
-  }
-  if (tp_ > 1) {
-    tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
-    grad_sync_ = tp_sync_.get();
-  }
-  // Each rank reads its stages' tensors (its rows of them under FSDP) from the folder.
-  if (hf_init_) load_hf_init();
-  if (mesh_->world->size() > 1)
-    model_->set_dp_allreduce([g = mesh_->world](at::Tensor& t) { g->allreduce(t, ReduceOp::Sum); });
-}
-
-void Trainer::parallelize() {
-  if (pp_ > 1) {
-    parallelize_pipeline();
-    return;
-  }
-  apply_tp();
-  if (cp_ > 1) log_info(apply_context_parallel(*model_, *mesh_->cp_group, cfg_));
-  const int64_t ep = cfg_.parallelism.expert_parallel_degree;
-  if (ep > 1) {
-    const int64_t E = model_->num_experts();
-    if (E == 0)
-      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) + ": model " +
-                      cfg_.model.name +
-                      " has no experts; allowed: 1 (or an MoE model: llama4, deepseek_v3)");
-    if (E % ep != 0)
-      throw UserError("parallelism.expert_parallel_degree = " + std::to_string(ep) +
-                      " does not divide the " + std::to_string(E) + " experts of " +
-                      cfg_.model.name + "/" + cfg_.model.flavor +
-                      "; allowed: a divisor of the expert count that divides the shard degree " +
-                      std::to_string(d_.dp_shard * cp_));
-    if (mesh_) set_expert_exchange(*mesh_->ep_group);
-  } else if (const char* f = std::getenv("TITAN_FORCE_EP"); f && std::string(f) == "1" && mesh_ &&
-             model_->num_experts() > 0) {
-    // As TITAN_FORCE_FSDP: the expert-parallel exchange over a world of one rank, so its
-    // collectives can be checked on a single GPU (scripts/gpu_check.sh).
-    set_expert_exchange(*mesh_->world);
-    log_info("=> expert parallel: the exchange runs over the world (TITAN_FORCE_EP=1)");
-  }
-  if (fsdp_) {
-    FsdpOptions fo;
-    fo.param_dtype = bf16_ ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype = reduce_dtype(cfg_);
-    fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
-    if (!comm_overlap()) {
-      fo.backward_prefetch = false;  // the forward prefetch predates the overlap work
-      fo.max_inflight_reductions = 0;
-    }
-    if (float8_linear_enabled(cfg_) && cfg_.float8.enable_fsdp_float8_all_gather) {
-      fo.float8_params = model_->float8_params();  // tensorwise: validate_config
-      fo.float8_precompute = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
-    }
-    sharded_ = std::make_unique<FullyShardedDataParallel>(*model_, *mesh_, fo);
-    if (hf_init_)
-      load_hf_init();
-    else
-      model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
-    grad_sync_ = sharded_.get();
-  } else if (tp_ > 1) {
-    // The deferred tp slices, allocated and drawn here; replicas (if any) all-reduce.
-    model_->params().materialize();
-    model_->init_weights(static_cast<uint64_t>(cfg_.debug.seed));
-    const at::ScalarType reduce =
-        cfg_.training.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    if (mesh_->dp_degree() > 1) {
-      ddp_ = std::make_unique<DataParallel>(*mesh_->replicate_group, model_->params().tensors(),
-                                            reduce, 25 << 20, comm_overlap());
-      grad_sync_ = ddp_.get();
-    }
-  } else if (pg_) {
-    ddp_ = std::make_unique<DataParallel>(*pg_, model_->params().tensors(), reduce_dtype(cfg_),
-                                          25 << 20, comm_overlap());
-    grad_sync_ = ddp_.get();
-  }
-  if (tp_ > 1) {
-    tp_sync_ = std::make_unique<TensorParallelGradSync>(*model_, *mesh_->tp_group, grad_sync_);
-    grad_sync_ = tp_sync_.get();
-  }
-  if (pg_) {
-    // MoE load counts are summed over every data-parallel rank so every rank updates its
-    // expert biases identically.
-    model_->set_dp_allreduce([p = pg_.get()](at::Tensor& t) { p->allreduce(t, ReduceOp::Sum); });
-  }
-}
-
 void Trainer::setup_optimizer() {
   std::vector<bool> decay;
   const bool decay_all = cfg_.optimizer.weight_decay_scope == "all";  // torchtitan's rule
@@ -550,22 +331,34 @@ void Trainer::setup_optimizer() {
   opt_ = std::make_unique<AdamW>(params, decay, cfg_.optimizer);
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
-  profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, launch_.rank,
-                                             cuda_);
+  profiler_ =
+      std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, launch_.rank, cuda_);
   metrics_ = std::make_unique<MetricsLogger>(
       cfg_.job.dump_folder, writer, cfg_.metrics.enable_tensorboard, cfg_.metrics.save_tb_folder,
       !cfg_.metrics.disable_color_printing && log_is_tty(), launch_.rank);
 }
 
-void Trainer::setup_compile() {
+// The one step (app/train_step.h): its phases, the whole model's or the pipeline's, and
+// under compile.enable the captured (CUDA) or checked (CPU) executor around them.
+void Trainer::setup_step() {
+  StepObjective obj;
+  obj.global_tokens = static_cast<double>(d_.tokens_per_step);
+  obj.dp_degree = d_.dp_degree;
+  obj.max_norm = cfg_.training.max_norm;
+  StepTestHooks hooks;
+  hooks.plant_host_read = cfg_.debug.plant_error == "host_read";
+  if (pipeline_)
+    phases_ =
+        std::make_unique<PipelineStepPhases>(*pipeline_, *model_, *opt_, grad_sync_, obj, hooks);
+  else
+    phases_ = std::make_unique<PlainStepPhases>(*model_, *opt_, grad_sync_, obj, hooks);
   if (!cfg_.compile.enable) return;
   const bool moe = model_->num_experts() > 0;
   // The backend the model resolved (with compile.enable: static_step) for its shapes.
   const bool loop = moe && model_->experts_backend() == "loop";
   check_compile_config(cfg_, moe, loop);
-  if (pipeline_) pipeline_->bind(*opt_, grad_sync_);
-  compiled_ = std::make_unique<CompiledStep>(*model_, *opt_, grad_sync_, cuda_,
-                                             /*warmup_steps=*/3, pipeline_.get());
+  compiled_ = std::make_unique<CompiledStep>(*phases_, cuda_, /*warmup_steps=*/3);
+  compiled_->set_capture_check_context(cfg_.debug.capture_check_context);
   log_info(cuda_ ? "=> compile: the train step runs as 2 CUDA graphs (fwd+bwd with the gradient "
                    "collectives; clip+AdamW+MoE bias update) after 3 eager warm-up steps"
                  : std::string("=> compile: no CUDA here; the step runs eagerly under the "
@@ -583,11 +376,12 @@ void Trainer::log_plan() const {
     dev_name = "CUDA:" + std::to_string(device_.index()) + " " + ci.name + " (sm_" +
                std::to_string(ci.major) + std::to_string(ci.minor) + ")";
   }
-  log_info("=> device = " + dev_name + (bf16_ ? " (bf16 compute, fp32 master weights)" : " (fp32)"));
-  log_info("=> model = " + cfg_.model.name + "/" + cfg_.model.flavor + ": " +
-           human(info.n_params) + " parameters (" + human(info.n_active_non_embedding) +
-           " active non-embedding), " + human(info.flops_per_token(cfg_.training.seq_len)) +
-           " FLOPs per token at seq_len " + std::to_string(cfg_.training.seq_len));
+  log_info("=> device = " + dev_name +
+           (bf16_ ? " (bf16 compute, fp32 master weights)" : " (fp32)"));
+  log_info("=> model = " + cfg_.model.name + "/" + cfg_.model.flavor + ": " + human(info.n_params) +
+           " parameters (" + human(info.n_active_non_embedding) + " active non-embedding), " +
+           human(info.flops_per_token(cfg_.training.seq_len)) + " FLOPs per token at seq_len " +
+           std::to_string(cfg_.training.seq_len));
   log_info("=> tokenizer = " + tok_path_ + " (vocab " + std::to_string(tokenizer_->vocab_size()) +
            ", model vocab " + std::to_string(info.vocab_size) + ")");
   log_info("=> data: training blend\n" +
@@ -597,13 +391,13 @@ void Trainer::log_plan() const {
   if (!repeats.empty()) log_warn(repeats);
   std::string layout = "single process";
   if (sharded_)
-    layout = std::string(mesh_->replicate > 1 ? "HSDP" : "FSDP") + ", " + mesh_->describe() +
-             ", " + sharded_->describe();
+    layout = std::string(mesh_->replicate > 1 ? "HSDP" : "FSDP") + ", " + mesh_->describe() + ", " +
+             sharded_->describe();
   else if (ddp_)
     layout = "DDP (replicated), " + ddp_->describe();
   if (tp_ > 1)
-    layout = (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") +
-             describe_tp(*model_, tp_);
+    layout =
+        (sharded_ || ddp_ ? layout + "; " : mesh_->describe() + ", ") + describe_tp(*model_, tp_);
   if (pipeline_)  // what each stage's ranks do, if more than one holds it
     layout = pipeline_->describe() +
              (layout == "single process" ? std::string() : "; each stage: " + layout);
@@ -645,16 +439,16 @@ std::string Trainer::load_checkpoint_agreed() {
     return what;
   }
   if (!error.empty() && pg_->store_add("checkpoint/load/failed", 1) == 1)
-    pg_->store_set("checkpoint/load/error",
-                   "rank " + std::to_string(launch_.rank) + ": " + error);
+    pg_->store_set("checkpoint/load/error", "rank " + std::to_string(launch_.rank) + ": " + error);
   pg_->store_add("checkpoint/load/done", 1);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(cfg_.comm.init_timeout_seconds);
   while (pg_->store_add("checkpoint/load/done", 0) < launch_.world_size) {
     if (std::chrono::steady_clock::now() > deadline)
-      throw UserError("checkpoint load: not every rank finished loading within "
-                      "comm.init_timeout_seconds = " +
-                      std::to_string(cfg_.comm.init_timeout_seconds));
+      throw UserError(
+          "checkpoint load: not every rank finished loading within "
+          "comm.init_timeout_seconds = " +
+          std::to_string(cfg_.comm.init_timeout_seconds));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!error.empty()) throw UserError(error);
@@ -688,16 +482,9 @@ void Trainer::resume() {
   ckpt_ = std::make_unique<Checkpointer>(cfg_, cg, launch_.world_size);
   state_.model = model_.get();
   state_.optimizer = opt_.get();
-  if (pipeline_) {
-    state_.opt_slot.assign(static_cast<size_t>(model_->params().size()), -1);
-    const std::vector<int64_t>& mine = pipeline_->params();  // ascending, the optimizer's order
-    for (size_t k = 0; k < mine.size(); ++k)
-      state_.opt_slot[static_cast<size_t>(mine[k])] = static_cast<int64_t>(k);
-    state_.holds_buffer = [p = pipeline_.get()](const std::string& name) {
-      return p->holds_buffer(name);
-    };
-    state_.stage_lead = (!sharded_ || mesh_->shard_index == 0) && mesh_->tp_index == 0;
-  }
+  if (pipeline_)
+    pipeline_->bind_checkpoint_state(
+        state_, (!sharded_ || mesh_->shard_index == 0) && mesh_->tp_index == 0);
   // The loader's position (global samples and draws per source) is the same on every rank
   // and independent of the world size, so a resume on another layout continues it.
   state_.data_state = [this] { return loader_->state().to_json(); };
@@ -709,8 +496,7 @@ void Trainer::resume() {
     for (const std::string& line : ckpt_->remove_stale_temporaries())
       log_info("=> checkpoint: " + line);
   const bool initial = !cfg_.checkpoint.initial_load_path.empty();
-  if ((cfg_.checkpoint.enable || initial) && !hf_init_ &&
-      !cfg_.checkpoint.create_seed_checkpoint) {
+  if ((cfg_.checkpoint.enable || initial) && !hf_init_ && !cfg_.checkpoint.create_seed_checkpoint) {
     std::string what = load_checkpoint_agreed();
     log_info("=> checkpoint: " +
              (what.empty() ? "none found under " + ckpt_->root() + ", starting fresh" : what));
@@ -739,7 +525,8 @@ void Trainer::trim_metrics_after(int64_t step) {
   if (!(launch_.rank == 0 || cfg_.metrics.save_for_all_ranks)) return;
   const std::string path =
       cfg_.job.dump_folder + "/" +
-      (launch_.rank == 0 ? "metrics.jsonl" : "metrics_rank" + std::to_string(launch_.rank) + ".jsonl");
+      (launch_.rank == 0 ? "metrics.jsonl"
+                         : "metrics_rank" + std::to_string(launch_.rank) + ".jsonl");
   std::ifstream in(path, std::ios::binary);
   std::string kept, line;
   int64_t dropped = 0;
@@ -769,28 +556,21 @@ std::vector<MicroBatch> Trainer::next_micro_batches() {
 
 int Trainer::train_loop() {
   t_last_log_ = Clock::now();
-  StepOptions o;
-  o.global_tokens = static_cast<double>(d_.tokens_per_step);
-  o.dp_degree = d_.dp_degree;
-  o.max_norm = cfg_.training.max_norm;
-  o.plant_host_read = planted_host_read();
+  StepDrivers o;
+  o.timer = phase_timer_.get();
+  o.ep = ep_control_.get();
   const int64_t first_step = state_.step + 1;
   last_finite_step_ = state_.step;  // the checkpoint resumed from trained on finite losses
   const auto counts0 = ProcessGroup::comm_counts();
   for (int64_t step = first_step; step <= cfg_.training.steps; ++step) {
-    const bool log =
-        step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
+    const bool log = step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps;
     const auto t0 = Clock::now();
     profiler_->before_step(step);
     const std::vector<MicroBatch>& micro = inputs_.stage(next_micro_batches());
     data_ms_ += loader_->wait_ms();  // what the prefetch thread did not hide
     o.lr = sched_->lr(step - state_.lr_step_offset);
-    o.timer = phase_timer_.get();
-    o.ep = ep_control_.get();
     ProcessGroup::count_comm_waits(true);
-    StepResult r = compiled_   ? compiled_->step(micro, o)
-                   : pipeline_ ? pipeline_->step(*opt_, micro, o, grad_sync_)
-                               : train_step(*model_, *opt_, micro, o, grad_sync_);
+    StepResult r = compiled_ ? compiled_->step(micro, o) : run_step(*phases_, micro, o);
     ProcessGroup::count_comm_waits(false);
     if (compiled_) {
       const std::string report = compiled_->take_report();
@@ -815,8 +595,8 @@ int Trainer::train_loop() {
     profiler_->after_step(step);
     state_.step = step;
     if (int sig = preempt_->poll(step)) {
-      log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) +
-               ") after step " + std::to_string(step) +
+      log_info("received signal " + std::to_string(sig) + " (" + strsignal(sig) + ") after step " +
+               std::to_string(step) +
                (cfg_.checkpoint.enable ? ": saving and exiting"
                                        : ": checkpointing is disabled, exiting without saving"));
       if (cfg_.checkpoint.enable) {
@@ -886,7 +666,7 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
   m.tflops =
       m.tps * static_cast<double>(model_->info().flops_per_token(cfg_.training.seq_len)) / 1e12;
   // The peak of the math the GEMMs run in: bf16 compute, else fp32 (TF32 if cuBLAS may use it).
-  const PeakMath math = bf16_ ? PeakMath::BF16
+  const PeakMath math = bf16_                                   ? PeakMath::BF16
                         : at::globalContext().allowTF32CuBLAS() ? PeakMath::TF32
                                                                 : PeakMath::FP32;
   const double peak =
@@ -922,14 +702,9 @@ bool Trainer::log_step(int64_t step, const StepResult& r, double lr) {
     if (!cuda_) m.compile_checked_steps = compiled_->checked_steps();
   }
   m.extra = model_->extra_metrics();
-  if (pipeline_) {
-    drop_other_stages_metrics(m.extra, *pipeline_);
-    // This rank's idle share: as scheduled (unit ticks), and as measured (CPU only).
-    m.extra["pp/bubble_scheduled"] = pipeline_->scheduled_bubble();
-    const double measured = pipeline_->take_measured_bubble();
-    if (!cuda_ && measured >= 0) m.extra["pp/bubble_measured"] = measured;
-  }
+  if (pipeline_) pipeline_->log_metrics(m.extra, cuda_);
   if (ep_control_) m.extra.merge(ep_control_->take_metrics());
+  if (tp_comm_ && cfg_.parallelism.enable_async_tensor_parallel) log_async_tp(m.extra);
   metrics_->log_step(m);
   if (!std::isfinite(m.loss)) {
     nonfinite_loss_ = m.loss;
@@ -974,8 +749,8 @@ void Trainer::validate(int64_t step) {
   at::NoGradGuard ng;
   const auto& v = cfg_.validation;
   const bool own = val_blend_ != nullptr;
-  ValidationReader vr(own ? *val_blend_ : *blend_, /*holdout=*/!own, v.seq_len,
-                      v.local_batch_size, dp_rank_, d_.dp_degree, device_);
+  ValidationReader vr(own ? *val_blend_ : *blend_, /*holdout=*/!own, v.seq_len, v.local_batch_size,
+                      dp_rank_, d_.dp_degree, device_);
   const int64_t n = v.steps < 0 ? vr.batches() : std::min(v.steps, vr.batches());
   at::Tensor sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   int64_t tokens = 0;
@@ -1073,14 +848,15 @@ void Trainer::gather_whole_model(Model* whole) {
     if (pipeline_ && carrier) {
       if (!mine) full = at::empty(p.full_shape(), at::TensorOptions().device(device_));
       full = full.to(at::kFloat).contiguous();
-      pipe_pg_->broadcast(full, pipeline_->rank_of_param(i));
+      pipeline_->broadcast_from_owner(full, pipeline_->rank_of_param(i));
     }
     if (whole) whole->params().all()[static_cast<size_t>(i)].value.copy_(full);
   }
   auto src = model_->buffers();
   for (size_t i = 0; i < src.size(); ++i) {
     at::Tensor t = src[i].second.detach().clone();
-    if (pipeline_ && carrier) pipe_pg_->broadcast(t, pipeline_->rank_of_buffer(src[i].first));
+    if (pipeline_ && carrier)
+      pipeline_->broadcast_from_owner(t, pipeline_->rank_of_buffer(src[i].first));
     if (whole) whole->buffers()[i].second.copy_(t);
   }
 }

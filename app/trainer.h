@@ -62,9 +62,11 @@ class Trainer {
   void set_expert_exchange(ProcessGroup& group);
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
   void setup_float8();
+  void probe_cpu_float8(float8::Options& opts);
+  void log_async_tp(std::map<std::string, double>& extra);
   void load_hf_init();
   void setup_optimizer();
-  void setup_compile();
+  void setup_step();
   void log_plan() const;
   void resume();
   std::string load_checkpoint_agreed();  // ckpt_->load on every rank, failing together
@@ -98,10 +100,10 @@ class Trainer {
   std::unique_ptr<Blend> blend_, val_blend_;  // val_blend_: validation.dataset_path, if given
   std::unique_ptr<Loader> loader_;
 
-  bool hf_init_ = false;    // initial weights come from a Hugging Face folder
-  double nonfinite_loss_ = 0;    // the loss log_step found nan or inf
+  bool hf_init_ = false;          // initial weights come from a Hugging Face folder
+  double nonfinite_loss_ = 0;     // the loss log_step found nan or inf
   int64_t last_finite_step_ = 0;  // the last step whose loss log_step read finite
-  bool preempted_ = false;  // the loop stopped for a pre-emption signal (after saving)
+  bool preempted_ = false;        // the loop stopped for a pre-emption signal (after saving)
   std::unique_ptr<Model> model_;
   int64_t pp_ = 1;  // parallelism.pipeline_parallel_degree
   // Pipeline parallelism, outermost in the mesh (global rank = stage rank x dp + dp rank):
@@ -111,6 +113,8 @@ class Trainer {
   std::unique_ptr<FullyShardedDataParallel> sharded_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<TensorParallelGradSync> tp_sync_;
+  std::shared_ptr<TensorParallelComm> tp_comm_;  // tensor parallelism's collectives
+  bool async_fallback_logged_ = false;
   GradSync* grad_sync_ = nullptr;
   int64_t tp_ = 1;       // parallelism.tensor_parallel_degree
   int64_t cp_ = 1;       // parallelism.context_parallel_degree
@@ -118,8 +122,10 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LRSchedule> sched_;
 
-  StepInputs inputs_;  // the step's persistent input buffers
+  StepInputs inputs_;                              // the step's persistent input buffers
   std::unique_ptr<EpCapacityControl> ep_control_;  // expert parallelism (app/ep_capacity.h)
+  // The one step's phases: the whole model's, or the pipeline's (app/train_step.h).
+  std::unique_ptr<StepPhases> phases_;
   std::unique_ptr<CompiledStep> compiled_;  // compile.enable: captured (CUDA) or checked (CPU)
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<MetricsLogger> metrics_;
@@ -130,7 +136,7 @@ class Trainer {
   // Accumulated since the last log line.
   Clock::time_point t_last_log_;
   int64_t tokens_since_log_ = 0;
-  double data_ms_ = 0;  // host time the steps waited for data, since the last log line
+  double data_ms_ = 0;          // host time the steps waited for data, since the last log line
   int64_t replays_logged_ = 0;  // compiled_->replays() at the last log line
   std::unique_ptr<PhaseTimer> phase_timer_;  // forward+backward and optimizer time per step
 };

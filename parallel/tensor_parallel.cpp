@@ -67,8 +67,7 @@ at::Tensor reduce_scatter_seq_impl(ProcessGroup& g, const at::Tensor& x) {
 // The two sequence-parallel boundaries, each the other's backward: gather = all-gather along
 // the sequence (backward: reduce-scatter), else reduce-scatter (backward: all-gather).
 struct SeqCollective : public torch::autograd::Function<SeqCollective> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group,
-                            bool gather) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, bool gather) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["gather"] = gather;
     at::NoGradGuard ng;
@@ -289,25 +288,48 @@ class AsyncTensorParallel : public C10dTensorParallel {
   using C10dTensorParallel::C10dTensorParallel;
   std::vector<at::Tensor> gather_seq_project(const at::Tensor& x,
                                              const std::vector<at::Tensor>& ws) override {
-    if (!chunkable(x, ws) || ws.empty() || ws.size() > 3)
+    const char* why = ws.empty() || ws.size() > 3 ? "not 1 to 3 fused weights" : unchunkable(x, ws);
+    if (why) {
+      fell_back(why);
       return TensorParallelComm::gather_seq_project(x, ws);
+    }
+    ++counts_.chunked;
     // Absent weights as empty tensors: autograd records every tensor input's device.
     auto w = [&](size_t i) { return i < ws.size() ? ws[i] : at::empty({0}, x.options()); };
     return AsyncGatherProject::apply(x, w(0), w(1), w(2), group_id());
   }
   at::Tensor project_reduce_scatter_seq(const at::Tensor& x, const at::Tensor& w) override {
-    if (!chunkable(x, {w}) || x.size(1) % size() != 0)
+    const char* why = unchunkable(x, {w});
+    if (!why && x.dim() == 3 && x.size(1) % size() != 0) why = "a sequence the ranks do not divide";
+    if (why) {
+      fell_back(why);
       return TensorParallelComm::project_reduce_scatter_seq(x, w);
+    }
+    ++counts_.chunked;
     return AsyncProjectReduce::apply(x, w, group_id());
+  }
+  AsyncCounts take_async_counts() override {
+    AsyncCounts c = counts_;
+    counts_.chunked = counts_.fallback = 0;  // the first reason stays: it is reported once
+    return c;
   }
 
  private:
-  static bool chunkable(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
-    if (x.dim() != 3 || x.is_meta() || x.size(1) < 2 || op_tape_active()) return false;
+  // Why the chunked ops do not apply to x and ws (null: they do).
+  static const char* unchunkable(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
+    if (x.dim() != 3) return "an input that is not (B, T, D)";
+    if (x.is_meta()) return "the meta device";
+    if (x.size(1) < 2) return "a shard of one row";
+    if (op_tape_active()) return "op-level activation checkpointing";
     for (const at::Tensor& w : ws)
-      if (float8_options_of(w)) return false;
-    return true;
+      if (float8_options_of(w)) return "float8 weights";
+    return nullptr;
   }
+  void fell_back(const char* why) {
+    ++counts_.fallback;
+    if (counts_.first_fallback.empty()) counts_.first_fallback = why;
+  }
+  AsyncCounts counts_;
 };
 
 }  // namespace
@@ -348,16 +370,18 @@ void check_tp_plan(const Model& model, int64_t tp) {
   for (auto& [what, n] : plan.divisible)
     if (n % tp != 0)
       throw UserError(who + "does not divide " + what + " = " + std::to_string(n) + " of " +
-                      model.info().name + "/" + model.info().flavor +
-                      "; allowed: a divisor of " + std::to_string(n));
+                      model.info().name + "/" + model.info().flavor + "; allowed: a divisor of " +
+                      std::to_string(n));
 }
 
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts, bool async) {
+std::shared_ptr<TensorParallelComm> apply_tensor_parallel(Model& model, ProcessGroup& tp_group,
+                                                          bool split_experts, bool async) {
   split_for_tensor_parallel(model, tp_group.size(), tp_group.rank(), split_experts);
-  if (tp_group.size() == 1) return;
+  if (tp_group.size() == 1) return nullptr;
   auto comm = make_tp_comm(tp_group, async);
   model.set_tensor_parallel(comm);
   if (model.tp_plan().split_experts) model.set_expert_tensor_parallel(comm);
+  return comm;
 }
 
 void split_for_tensor_parallel(Model& model, int64_t tp, int64_t r, bool split_experts) {

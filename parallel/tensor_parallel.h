@@ -32,8 +32,11 @@ void check_tp_plan(const Model& model, int64_t tp);
 // `async` (parallelism.enable_async_tensor_parallel): the all-gather before the column-
 // parallel GEMMs and the reduce-scatter after the row-parallel ones run in chunks, each
 // chunk's collective overlapping another chunk's GEMM, forward and backward; same math.
-void apply_tensor_parallel(Model& model, ProcessGroup& tp_group, bool split_experts = false,
-                           bool async = false);
+// Returns the installed communicator (null for a group of one rank), whose
+// take_async_counts() says how many boundaries ran chunked.
+std::shared_ptr<TensorParallelComm> apply_tensor_parallel(Model& model, ProcessGroup& tp_group,
+                                                          bool split_experts = false,
+                                                          bool async = false);
 
 // The cut alone (no collectives installed): rank r's slices of a tp-way split, after the
 // same checks. titan-train estimate sizes a rank with it.

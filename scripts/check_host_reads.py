@@ -65,7 +65,7 @@ ALLOWED = {
     ("core/train/optimizer.cpp", "AdamW::loop_step"):
         "optimizer.implementation = \"for-loop\", the textbook reference (reads the step count)",
     ("app/train_step.cpp", "plant_host_read"):
-        "test hook only (TITAN_PLANT_ERROR=host_read): the read the capture check must refuse",
+        "test seam only (debug.plant_error = host_read): the read the capture check must refuse",
     ("app/trainer.cpp", "Trainer::log_step"):
         "logging steps only: the loss, grad norm and metrics of the log line",
     ("app/trainer.cpp", "Trainer::validate"):

@@ -213,7 +213,7 @@ sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 and f8 else 1)' ||
   step device 30 step_device
   step preflight 30 step_preflight
   step cpu_smoke 60 step_cpu_smoke
-  step gpu_tests 200 step_gpu_tests
+  step gpu_tests 270 step_gpu_tests
   step bf16_learns 60 step_bf16_learns
   step bench_capture 100 step_bench_capture
   step bench_llama3_1b 160 step_bench_llama3_1b
@@ -340,26 +340,55 @@ step_cpu_smoke() {
     --metrics.log_freq 1 --training.local_batch_size 2 --training.seq_len 128 || exit 1
 }
 
+# Every `gpu` test (ctest label), one at a time, cheapest first, each with its own row: the
+# rows are appended as each test ends, so a step cut by its limit still reports every test
+# that ran, and summarize lists the rest as not run. It passes only if every `gpu` test ran
+# and passed (a rehearsal: every one skipped, since the CPU has no GPU).
 step_gpu_tests() {
-  local junit="$work/gpu_tests.xml"
-  (cd build && ctest -L gpu -N | tail -1)
-  (cd build && ctest -L gpu --output-on-failure --timeout 150 -j 2 --output-junit "$junit")
-  "$py" - "$junit" "$rehearsal" >>"$FIG" <<'PY'
+  local list="$work/gpu_tests.list" rows="$work/gpu_tests.tsv" num name t0 status xml
+  : >"$rows"
+  (cd build && ctest -L gpu -N) | sed -n 's/^ *Test *#\([0-9]*\): /\1\t/p' >"$list.all"
+  # Cost order by name: the kernel checks (seconds), the step checks, then the tests that
+  # train through the binary (a minute or more each); a test matching no prefix runs last.
+  "$py" - "$list.all" >"$list" <<'PY'
+import sys
+order = ["ops:", "loss:", "loader:", "float8 linear cuda", "moe cutlass:", "moe cuda:",
+         "moe float8 cuda", "overlap pair:", "gpu: a non-logging", "compile cuda: replays",
+         "gpu: CUDA out of memory", "gpu: NCCL", "gpu: llama3 and llama4", "compile cuda: captured",
+         "gpu: captured"]
+rows = [l.rstrip("\n").split("\t", 1) for l in open(sys.argv[1]) if l.strip()]
+rank = lambda name: next((i for i, p in enumerate(order) if name.startswith(p)), len(order))
+for num, name in sorted(rows, key=lambda r: (rank(r[1]), int(r[0]))):
+    print(f"{num}\t{name}")
+PY
+  echo "$(wc -l <"$list") gpu tests, cheapest first"
+  while IFS=$'\t' read -r num name; do
+    t0=$SECONDS
+    xml="$work/gpu_test_$num.xml"
+    (cd build && ctest -I "$num,$num" --output-on-failure --timeout 150 --output-junit "$xml")
+    status=$("$py" - "$xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
-cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
-st = {"passed": [], "failed": [], "skipped": []}
-for c in cases:
-    s = c.get("status", "run")
-    if c.find("failure") is not None or s == "fail": st["failed"].append(c.get("name"))
-    elif c.find("skipped") is not None or s in ("notrun", "disabled"): st["skipped"].append(c.get("name"))
-    else: st["passed"].append(c.get("name"))
-print(f"{len(st['passed'])} passed, {len(st['failed'])} failed, {len(st['skipped'])} skipped", end=" ")
-for k in ("failed", "skipped"):
-    for n in st[k][:6]: print(f"[{k}: {n}]", end=" ")
-rehearsal = sys.argv[2] == "1"
-total = sum(len(v) for v in st.values())
-if total < 8 or st["failed"]: sys.exit(1)
-if st["skipped"]: sys.exit(77 if rehearsal and not st["passed"] else 1)
+try:
+    c = next(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+except Exception:
+    print("failed"); sys.exit()
+s = c.get("status", "run")
+if c.find("failure") is not None or s == "fail": print("failed")
+elif c.find("skipped") is not None or s in ("notrun", "disabled"): print("skipped")
+else: print("passed")
+PY
+)
+    printf 'gpu test: %s\t%s\t%s\t\n' "$name" "$status" "$((SECONDS - t0))" >>"$rows"
+  done <"$list"
+  "$py" - "$rows" "$list" "$rehearsal" >>"$FIG" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+total = sum(1 for l in open(sys.argv[2]) if l.strip())
+st = {k: sum(r[1] == k for r in rows) for k in ("passed", "failed", "skipped")}
+print(f"{st['passed']} passed, {st['failed']} failed, {st['skipped']} skipped of {total} gpu tests", end=" ")
+rehearsal = sys.argv[3] == "1"
+if len(rows) < total or st["failed"] or total == 0: sys.exit(1)
+if st["skipped"]: sys.exit(77 if rehearsal and st["skipped"] == total else 1)
 PY
 }
 
@@ -550,7 +579,20 @@ summarize() {
   local work=$1 out=$2 t_start=$3
   "${py:-python3}" - "$work/results.tsv" "$out/gpu_check.json" "$((SECONDS - t_start))" "${GPU_CHECK_REHEARSAL:-0}" <<'PY'
 import json, sys, textwrap
+import os
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+# Each gpu test's own row after the gpu_tests step's, written as it ended; a test the step's
+# limit cut off is "failed: not run" (every gpu test must run).
+work = os.path.dirname(sys.argv[1])
+tests = [l.rstrip("\n").split("\t") for l in open(os.path.join(work, "gpu_tests.tsv"))
+         if l.strip()] if os.path.exists(os.path.join(work, "gpu_tests.tsv")) else []
+listed = [l.rstrip("\n").split("\t", 1)[1] for l in open(os.path.join(work, "gpu_tests.list"))
+          if l.strip()] if os.path.exists(os.path.join(work, "gpu_tests.list")) else []
+ran = {t[0] for t in tests}
+tests += [["gpu test: " + n, "failed", "0", "not run: the gpu_tests step's limit cut it off"]
+          for n in listed if "gpu test: " + n not in ran]
+at = next((i + 1 for i, r in enumerate(rows) if r[0] == "gpu_tests"), len(rows))
+rows = rows[:at] + [t + [""] * (4 - len(t)) for t in tests] + rows[at:]
 steps = [{"step": r[0], "status": r[1], "seconds": int(r[2]), "figures": r[3].strip()} for r in rows]
 rehearsal = sys.argv[4] == "1"
 bad = [s for s in steps if s["status"] == "failed" or (s["status"] == "skipped" and not rehearsal)]
@@ -558,8 +600,13 @@ json.dump({"total_seconds": int(sys.argv[3]), "rehearsal": rehearsal, "ok": not 
           open(sys.argv[2], "w"), indent=1)
 print(f"\n{'step':24} {'status':8} {'s':>4}  figures")
 for s in steps:
-    # Wrapped, not cut: the benchmarks' figures end with their ratios against torchtitan.
+    # Wrapped, not cut: the benchmarks' figures end with their ratios against torchtitan. A
+    # gpu test's row is its name (long), then the status on the next line.
     lines = textwrap.wrap(s["figures"], 150) or [""]
+    if s["step"].startswith("gpu test: "):
+        print(f"  {s['step'][:140]}")
+        print(f"{'':24} {s['status']:8} {s['seconds']:4}  {lines[0]}")
+        continue
     print(f"{s['step']:24} {s['status']:8} {s['seconds']:4}  {lines[0]}")
     for l in lines[1:]:
         print(" " * 40 + l)

@@ -79,6 +79,17 @@ inline CmdResult run(const std::string& cmd) {
   return r;
 }
 
+// A run's own exit status: the process's, or under torchrun (which exits 1 whenever a
+// worker fails) the first failed worker's, from its summary's "Root Cause" entry
+// ("exitcode  : 2"; the other workers it then stopped are listed with -15).
+inline int exit_status(const CmdResult& r) {
+  const std::string tag = "exitcode  : ";
+  const size_t root = r.out.find("Root Cause");
+  const size_t at = r.out.find(tag, root == std::string::npos ? 0 : root);
+  if (r.rc == 0 || at == std::string::npos) return r.rc;
+  return std::atoi(r.out.c_str() + at + tag.size());
+}
+
 // A fresh empty folder under the system temp dir, removed when the object dies.
 struct TempDir {
   std::filesystem::path path;

@@ -49,8 +49,10 @@ std::pair<uint32_t, uint64_t> file_crc32c(const std::string& path) {
 // A non-negative integer of metadata.json (below 2^62, so sums and products of two stay in
 // int64), or -1.
 int64_t meta_count(const json& v) {
-  if (v.is_number_unsigned()) return v.get<uint64_t>() < (uint64_t{1} << 62) ? v.get<int64_t>() : -1;
-  if (v.is_number_integer()) return v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 62) ? v.get<int64_t>() : -1;
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() < (uint64_t{1} << 62) ? v.get<int64_t>() : -1;
+  if (v.is_number_integer())
+    return v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 62) ? v.get<int64_t>() : -1;
   return -1;
 }
 
@@ -74,7 +76,8 @@ void check_tensor_meta(const std::string& key, const json& t, const std::string&
   for (const json& d : t["shape"]) {
     const int64_t n = meta_count(d);
     if (n < 0 || __builtin_mul_overflow(numel, n, &numel) || numel >= (int64_t{1} << 62))
-      bad("has shape " + t["shape"].dump() + "; allowed: non-negative sizes, fewer than 2^62 elements");
+      bad("has shape " + t["shape"].dump() +
+          "; allowed: non-negative sizes, fewer than 2^62 elements");
   }
   const bool scalar = t["shape"].empty();
   const int64_t rows = scalar ? 1 : t["shape"][0].get<int64_t>();
@@ -83,7 +86,8 @@ void check_tensor_meta(const std::string& key, const json& t, const std::string&
         !plain_file_name(sh["file"].get<std::string>()) || !sh.contains("key") ||
         !sh["key"].is_string() || !sh.contains("dim0_offset") || !sh.contains("dim0_rows"))
       bad("has shard " + sh.dump() +
-          "; allowed: {\"file\": a file name in the folder, \"key\", \"dim0_offset\", \"dim0_rows\"}");
+          "; allowed: {\"file\": a file name in the folder, \"key\", \"dim0_offset\", "
+          "\"dim0_rows\"}");
     const int64_t off = meta_count(sh["dim0_offset"]), n = meta_count(sh["dim0_rows"]);
     if (off < 0 || n < 0 || off + n > rows || (scalar && (off != 0 || n != 1)))
       bad("has shard " + sh.dump() + " outside its " + std::to_string(rows) + " rows");
@@ -102,8 +106,9 @@ void check_metadata(const json& meta, const std::string& path) {
     if (!plain_file_name(name) || !f.is_object() || !f.contains("crc32c") || !f.contains("bytes") ||
         meta_count(f["crc32c"]) < 0 || meta_count(f["crc32c"]) > 0xffffffffll ||
         meta_count(f["bytes"]) < 0)
-      throw UserError(where + ": \"files\" entry \"" + name + "\" is " + f.dump() +
-                      "; allowed: {\"crc32c\": a 32-bit count, \"bytes\": a count} (corrupt or edited?)");
+      throw UserError(
+          where + ": \"files\" entry \"" + name + "\" is " + f.dump() +
+          "; allowed: {\"crc32c\": a 32-bit count, \"bytes\": a count} (corrupt or edited?)");
 }
 
 }  // namespace
@@ -153,8 +158,8 @@ void CheckpointWriter::write(const CheckpointSnapshot& s) {
         prev.empty() ? "there is no earlier checkpoint"
                      : "the previous checkpoint step-" + std::to_string(prev.back()) + " is kept";
     throw UserError("checkpoint save of step " + std::to_string(s.step) + " to '" + tmp.string() +
-                    "' failed" + (world_ > 1 ? " on rank " + std::to_string(group_.rank) : "") + ": " +
-                    why + "; " + kept);
+                    "' failed" + (world_ > 1 ? " on rank " + std::to_string(group_.rank) : "") +
+                    ": " + why + "; " + kept);
   };
   try {
     if (s.ready) s.ready();
@@ -234,8 +239,8 @@ void CheckpointWriter::finalize(const std::string& tmp_dir, const CheckpointSnap
   write_file_durable((tmp / "metadata.json").string(), meta.dump(1));
   write_file_durable((tmp / "train_state.json").string(), s.train_state_json);
   for (auto& pp : parts) fs::remove(pp);
-  if (const char* d = std::getenv("TITAN_TEST_CHECKPOINT_DELAY_MS"))  // tests: a slow disk
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+  if (test_delay_ms_ > 0)  // debug.checkpoint_delay_ms: a slow disk
+    std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms_));
   fsync_dir(tmp.string());
   fs::rename(tmp, final_dir);
   fsync_dir(root_);
@@ -275,7 +280,6 @@ void CheckpointWriter::wait() {
   }
 }
 
-
 // ---- Reading -------------------------------------------------------------------------------
 
 CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
@@ -306,7 +310,8 @@ SafetensorsFile& CheckpointReader::file(const std::string& name) {
     const auto [crc, bytes] = file_crc32c(path);
     if (crc != want["crc32c"].get<uint32_t>() || bytes != want["bytes"].get<uint64_t>()) {
       char got[64], rec[64];
-      std::snprintf(got, sizeof got, "CRC32C %08x, %llu bytes", crc, static_cast<unsigned long long>(bytes));
+      std::snprintf(got, sizeof got, "CRC32C %08x, %llu bytes", crc,
+                    static_cast<unsigned long long>(bytes));
       std::snprintf(rec, sizeof rec, "CRC32C %08x, %llu bytes", want["crc32c"].get<uint32_t>(),
                     static_cast<unsigned long long>(want["bytes"].get<uint64_t>()));
       throw UserError("checkpoint '" + dir_ + "': shard " + name + " is corrupt: it has " + got +
@@ -337,8 +342,8 @@ std::optional<std::pair<at::Tensor, std::vector<int64_t>>> CheckpointReader::fet
     at::Tensor t = file(sh["file"].get<std::string>()).get(sh["key"].get<std::string>());
     const int64_t got = t.dim() == 0 ? 1 : t.size(0);
     if ((t.dim() == 0) != shape.empty() ||
-        (!shape.empty() && !std::equal(shape.begin() + 1, shape.end(), t.sizes().begin() + 1,
-                                       t.sizes().end())))
+        (!shape.empty() &&
+         !std::equal(shape.begin() + 1, shape.end(), t.sizes().begin() + 1, t.sizes().end())))
       throw UserError("checkpoint '" + dir_ + "': shard " + sh["key"].get<std::string>() + " in " +
                       sh["file"].get<std::string>() + " has shape " + shape_str(t.sizes()) +
                       " but metadata.json says rows of " + shape_str(shape) + " for " + key);

@@ -66,6 +66,9 @@ class CheckpointWriter {
   ~CheckpointWriter();
 
   const std::string& root() const { return root_; }
+  // Test seam (debug.checkpoint_delay_ms): sleep this long between writing a save's files
+  // and its rename into place, a slow disk.
+  void set_test_delay_ms(int64_t ms) { test_delay_ms_ = ms; }
   // Writes the snapshot now, or in a background thread when `async` (after waiting for the
   // previous one). Throws UserError for a failed save; the previous checkpoint is kept.
   void save(CheckpointSnapshot s, bool async);
@@ -84,6 +87,7 @@ class CheckpointWriter {
   CheckpointGroup group_;
   int64_t world_;
   int64_t keep_latest_k_;
+  int64_t test_delay_ms_ = 0;
   std::thread writer_;
   std::exception_ptr writer_error_;
 };

@@ -139,6 +139,14 @@ struct ProfilingSection {
 struct DebugSection {
   int64_t seed = 0;
   bool deterministic = false;
+  // Test seams (docs/design.md, "Test seams"): nothing a training run should set.
+  double float8_plant_slow_scaled_mm_ms = 0;
+  std::string plant_error;            // "", internal, oom, std, host_read
+  bool force_fsdp = false;            // FSDP's collectives over a world of one rank
+  bool force_ep = false;              // the expert exchange over a world of one rank
+  bool comm_overlap = true;           // false: FSDP/DDP's blocking schedule, for comparisons
+  int64_t checkpoint_delay_ms = 0;    // a slow disk: sleep before a checkpoint's rename
+  int64_t capture_check_context = 0;  // on a capture break, print N ops around it
 };
 
 struct ValidationSection {
@@ -158,8 +166,8 @@ struct CommSection {
 
 struct MoESection {
   std::string experts_backend;
-  std::string ep_exchange;         // auto, static or exact (docs/moe.md)
-  double ep_capacity_factor = 0;   // x the balanced share; inf: the worst case (docs/moe.md)
+  std::string ep_exchange;            // auto, static or exact (docs/moe.md)
+  double ep_capacity_factor = 0;      // x the balanced share; inf: the worst case (docs/moe.md)
   double ep_capacity_factor_max = 0;  // the cap of its growth after repeated overflows
   std::string ep_drop_policy;         // none (re-run overflowed steps exactly) or probs
   double load_balance_coeff = 0;

@@ -393,6 +393,30 @@ void debug_options(std::vector<Option>& out) {
   s.add("deterministic", &DebugSection::deterministic, false,
         "Use deterministic kernels; runs with the same seed repeat exactly")
       .alias("training.deterministic");
+  s.add("float8_plant_slow_scaled_mm_ms", &DebugSection::float8_plant_slow_scaled_mm_ms, 0.0,
+        "Test seam: milliseconds added to each _scaled_mm call of the start-up float8 CPU "
+        "probe, a stand-in for a processor whose CPU _scaled_mm is slow (docs/float8.md)")
+      .range(0.0, 10000.0);
+  s.add("plant_error", &DebugSection::plant_error, "",
+        "Test seam: raise this kind of error where a run starts (internal, oom, std), or read "
+        "each step's loss on the host (host_read), the break the capture check must refuse")
+      .choices({"", "internal", "oom", "std", "host_read"});
+  s.add("force_fsdp", &DebugSection::force_fsdp, false,
+        "Test seam: shard with FSDP even over one rank, so FSDP's collectives run (and are "
+        "captured) on a single GPU");
+  s.add("force_ep", &DebugSection::force_ep, false,
+        "Test seam: run the expert-parallel exchange over a world of one rank (MoE models)");
+  s.add("comm_overlap", &DebugSection::comm_overlap, true,
+        "Test seam: false turns off the FSDP prefetches, the early reduce-scatter and the DDP "
+        "backward hooks (the blocking schedule), to measure what the overlap buys");
+  s.add("checkpoint_delay_ms", &DebugSection::checkpoint_delay_ms, 0,
+        "Test seam: sleep this long before a checkpoint's folder is renamed into place (a slow "
+        "disk)")
+      .range(0.0, 600000.0);
+  s.add("capture_check_context", &DebugSection::capture_check_context, 0,
+        "Debugging aid: on a capture-check break, print the N ops before and after it in both "
+        "steps, with their shapes")
+      .range(0.0, kNoMax);
   s.later("moe_force_load_balance", false, "forced round-robin expert routing",
           "Route tokens round-robin to balance experts (a debugging aid): not supported yet");
 }
@@ -505,6 +529,56 @@ void float8_options(std::vector<Option>& out) {
         "substring of that name, e.g. \"experts\"; an entry matching none exits 2");
 }
 
+// torchtitan switches whose feature titan-train does not have: accepted at torchtitan's
+// default (what titan-train does), any other value exits 2 naming the key (issue 41: no key
+// may change memory or behaviour silently). Their sub-settings, inert while the switch is
+// off, are in kIgnored. Only later() is used: no JobConfig field is bound.
+void unsupported_torchtitan_options(std::vector<Option>& out) {
+  auto section = [&out](const char* name) {
+    return SectionDefs<DebugSection>(name, &JobConfig::debug, out);
+  };
+  using Strings = std::vector<std::string>;
+  section("job").later("save_config_file", std::string(""), "saving the config as JSON",
+                       "torchtitan's JSON copy of the config (use --dump-config)");
+  section("job").later("custom_config_module", std::string(""), "Python config modules",
+                       "torchtitan's Python config extension");
+  section("profiling").later("enable_memory_snapshot", false, "CUDA memory snapshots",
+                             "torchtitan's CUDA caching-allocator snapshots");
+  section("metrics").later("enable_wandb", false, "Weights & Biases logging",
+                           "torchtitan's wandb logger (metrics.jsonl and TensorBoard exist)");
+  section("model").later("print_after_conversion", false, "printing the converted model",
+                         "torchtitan's print of the model after its converters");
+  section("optimizer").later("early_step_in_backward", false,
+                             "stepping the optimizer inside backward",
+                             "torchtitan's per-parameter step during backward");
+  section("training").later("enable_cpu_offload", false, "CPU offload of FSDP state",
+                            "torchtitan's FSDP CPU offload of parameters and optimizer state");
+  section("parallelism").later("enable_compiled_autograd", false, "compiled autograd",
+                               "torchtitan v0.1's compiled autograd");
+  section("parallelism").later("disable_loss_parallel", false,
+                               "a loss on gathered logits under tensor parallelism",
+                               "torchtitan's switch off the vocabulary-parallel loss");
+  section("parallelism").later("pipeline_parallel_split_points", Strings{},
+                               "split points (use pipeline_parallel_layers_per_stage)",
+                               "torchtitan v0.1's explicit stage boundaries");
+  section("parallelism").later("expert_parallel_comm_backend", std::string("standard"),
+                               "the DeepEP all-to-all",
+                               "torchtitan's expert-parallel all-to-all: standard or deepep");
+  section("checkpoint").later("enable_first_step_checkpoint", false,
+                              "a checkpoint after the first step",
+                              "torchtitan's save right after step 1");
+  section("activation_checkpoint").later("early_stop", false, "early-stopped recomputation",
+                                         "torch.utils.checkpoint's early stop");
+  section("fault_tolerance").later("enable", false, "TorchFT fault tolerance",
+                                   "torchtitan's TorchFT integration");
+  section("experimental").later("custom_import", std::string(""), "importing Python modules",
+                                "torchtitan's import of a Python model module");
+  section("experimental").later("custom_args_module", std::string(""), "Python config modules",
+                                "torchtitan's deprecated Python config extension");
+  section("memory_estimation").later("enable", false, "torchtitan's FSDP memory estimator",
+                                     "use `titan-train estimate`");
+}
+
 std::vector<Option> build_registry() {
   std::vector<Option> out;
   job_options(out);
@@ -523,47 +597,39 @@ std::vector<Option> build_registry() {
   comm_options(out);
   moe_options(out);
   float8_options(out);
+  unsupported_torchtitan_options(out);
   return out;
 }
 
-// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: memory snapshots,
-// loggers, Python-side tuning, and sub-settings of features that are rejected while off
-// (the deprecated pipeline split points, context parallel details, MX recipes: the mx
-// converter is refused). v0.1's float8.force_recompute_fp8_weight_in_bwd is what titan-train's
+// torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: Python-side
+// tuning (gc, dataloader workers, flight-recorder buffers, inductor) and sub-settings of
+// features whose switch is refused while on (memory snapshot folders, TorchFT details, MX
+// recipes: the mx converter is refused). v0.1's float8.force_recompute_fp8_weight_in_bwd is what titan-train's
 // float8 op always does. "x.*"
 // covers x and below.
 const std::vector<std::string> kIgnored = {
-    "profiling.enable_memory_snapshot",
     "profiling.save_memory_snapshot_folder",
     "float8.force_recompute_fp8_weight_in_bwd",
     "mx.*",
+    "fault_tolerance.process_group",
+    "fault_tolerance.process_group_timeout_ms",
+    "fault_tolerance.replica_id",
+    "fault_tolerance.group_size",
+    "fault_tolerance.min_replica_size",
+    "fault_tolerance.semi_sync_method",
+    "memory_estimation.disable_fake_mode",
     "quantize.linear.mx.*",
     "quantize.grouped_mm.mx.*",
-    "fault_tolerance.*",
-    "experimental.*",
-    "memory_estimation.*",
-    "job.save_config_file",
-    "job.custom_config_module",
-    "model.print_after_conversion",
-    "optimizer.early_step_in_backward",
-    "training.enable_cpu_offload",
     "training.gc_freq",
     "training.gc_debug",
     "training.dataloader.*",
-    "parallelism.enable_compiled_autograd",
-    "parallelism.disable_loss_parallel",
-    "parallelism.pipeline_parallel_split_points",
-    "parallelism.expert_parallel_comm_backend",
-    "checkpoint.enable_first_step_checkpoint",
     "checkpoint.enable_ft_dataloader_checkpoints",
-    "activation_checkpoint.early_stop",
     "activation_checkpoint.memory_budget",
     "activation_checkpoint.visualize_memory_budget_pareto",
     "activation_checkpoint.preserve_rng_state",
     "activation_checkpoint.determinism_check",
     "activation_checkpoint.debug",
     "compile.backend",
-    "metrics.enable_wandb",
     "comm.trace_buf_size",
     "comm.save_traces_folder",
     "comm.save_traces_file_prefix",

@@ -6,7 +6,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <chrono>
+#include <cstdio>
 #include <limits>
+#include <thread>
 
 // The capability query needs the CUDA runtime headers; without them (a CPU-only LibTorch)
 // every device reports capability 0 and gets the emulated kernel.
@@ -293,7 +296,7 @@ const char* recipe_names() {
 Kernel kernel_for(const Options& opts, const c10::Device& device) {
   if (opts.emulate) return Kernel::Emulated;
   const bool rowwise = opts.recipe != Recipe::Tensorwise;
-  if (device.is_cpu()) return rowwise ? Kernel::Emulated : Kernel::ScaledMm;
+  if (device.is_cpu()) return rowwise || !opts.cpu_scaled_mm ? Kernel::Emulated : Kernel::ScaledMm;
   const int cc = cuda_capability(device);
   return cc >= (rowwise ? 90 : 89) ? Kernel::ScaledMm : Kernel::Emulated;
 }
@@ -309,6 +312,8 @@ std::string describe(const Options& opts, const c10::Device& device) {
     why = "emulate = true";
   else if (k == Kernel::ScaledMm)
     why = device.is_cpu() ? "ATen's CPU _scaled_mm (per-tensor scales)" : "ATen's _scaled_mm";
+  else if (device.is_cpu() && opts.recipe == Recipe::Tensorwise)
+    why = "ATen's CPU _scaled_mm measured slow on this processor at start";
   else if (device.is_cpu())
     why = "ATen's CPU _scaled_mm takes per-tensor scales only";
   else
@@ -385,6 +390,42 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   shape.back() = w.size(0);
   y = y.reshape(shape);
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+}
+
+std::string CpuProbe::describe() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "CPU _scaled_mm %.3g ms against %.3g ms emulated (%.3gx)",
+                scaled_mm_ms, emulated_ms, emulated_ms > 0 ? scaled_mm_ms / emulated_ms : 0.0);
+  return buf;
+}
+
+CpuProbe probe_cpu_scaled_mm(at::ScalarType out_dtype, double planted_delay_ms) {
+  // (128, 256) x (256, 256): a debug model's linear on a short batch, about 8 MFLOP, well
+  // under a millisecond either way on a current core; the slow path takes tens of ms.
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor x = at::randn({128, 256}, opts), w = at::randn({256, 256}, opts);
+  const Quantized xq = quantize(x, at::kFloat8_e4m3fn, false, -1, false);
+  const Quantized wq = quantize(w, at::kFloat8_e4m3fn, false, -1, false);
+  const Operand a{xq.data, xq.scale, false}, b{wq.data.t(), wq.scale, false};
+  using Clock = std::chrono::steady_clock;
+  auto best_ms = [&](Kernel k, double delay_ms) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 4; ++i) {  // the first call warms up (oneDNN primitive creation)
+      const auto t0 = Clock::now();
+      at::Tensor y = gemm(a, b, out_dtype, k, kFastAccumOutput);
+      if (delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (i > 0) best = std::min(best, ms);
+    }
+    return best;
+  };
+  CpuProbe p;
+  p.emulated_ms = best_ms(Kernel::Emulated, 0);
+  p.scaled_mm_ms = best_ms(Kernel::ScaledMm, planted_delay_ms);
+  // The 0.5 ms floor keeps a sub-millisecond hiccup of a loaded machine from switching.
+  p.slow = p.scaled_mm_ms > kCpuSlowFactor * p.emulated_ms + 0.5;
+  return p;
 }
 
 }  // namespace titan::float8

@@ -45,6 +45,9 @@ struct Options {
   Recipe recipe = Recipe::Tensorwise;
   // torchao's `emulate`: every GEMM emulated, whatever the device can do.
   bool emulate = false;
+  // false: ATen's CPU _scaled_mm was measured too slow on this processor at start
+  // (probe_cpu_scaled_mm), so CPU GEMMs are emulated; CUDA is unaffected.
+  bool cpu_scaled_mm = true;
 };
 
 // The kernel float8_linear uses for `opts` on `device`: ScaledMm where at::_scaled_mm takes
@@ -56,6 +59,24 @@ const char* kernel_name(Kernel k);
 std::string describe(const Options& opts, const c10::Device& device);
 
 struct Quantized;
+
+// ATen's CPU _scaled_mm (oneDNN's float8 GEMM) runs hundreds of times slower than the
+// emulation on some processors (seen on one with AMX and AVX512-FP16: a debugmodel step of
+// 84 s against 0.18 s), while elsewhere it is on par (docs/float8.md, "A slow CPU
+// _scaled_mm"). The probe times one small tensorwise GEMM of the output's shape class both
+// ways, best of a few calls after a warm-up: a host timing at start, never in the step.
+struct CpuProbe {
+  double scaled_mm_ms = 0;  // best of the timed calls
+  double emulated_ms = 0;
+  bool slow = false;  // scaled_mm_ms > kCpuSlowFactor x emulated_ms (+ a floor for noise)
+  std::string describe() const;  // "CPU _scaled_mm 0.41 ms against 0.22 ms emulated (1.9x)"
+};
+// A factor far from both regimes: on par is 0.5x to 3x, the slow path ~500x.
+constexpr double kCpuSlowFactor = 8.0;
+// out_dtype: the model's compute dtype (fp32 or bf16). planted_delay_ms (test seam,
+// debug.float8_plant_slow_scaled_mm_ms): added to every timed _scaled_mm call, a stand-in
+// for the slow kernel on processors that do not have it.
+CpuProbe probe_cpu_scaled_mm(at::ScalarType out_dtype, double planted_delay_ms = 0);
 
 // y = x w^T (+ bias) with float8 GEMMs. x: (..., K) fp32/bf16/fp16; w: (N, K) in x's dtype;
 // bias: (N) or undefined. Returns (..., N) in x's dtype. Saves x and w (high precision, as

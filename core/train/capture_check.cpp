@@ -14,7 +14,7 @@ namespace titan {
 
 struct CaptureCheck::Recording {
   std::vector<CapturedOp> ops;
-  std::vector<std::string> host_reads;  // "aten::nonzero in layers.1.moe"
+  std::vector<std::string> host_reads;                  // "aten::nonzero in layers.1.moe"
   std::unordered_map<int64_t, std::string> seq_module;  // autograd node seq nr -> module
   at::CallbackHandle handle = 0;
 };
@@ -25,17 +25,25 @@ namespace {
 thread_local CaptureCheck::Recording* t_rec = nullptr;
 thread_local std::vector<std::string> t_modules;      // ModuleScope names, outermost first
 thread_local std::vector<std::string> t_bwd_modules;  // modules of the running backward nodes
-thread_local int t_device_reader = 0;  // depth inside an op of device_reader_ops()
+thread_local int t_device_reader = 0;                 // depth inside an op of device_reader_ops()
 
 // Ops whose result size or value is read on the host: a graph can hold none of them.
 const std::set<std::string>& host_read_ops() {
-  static const std::set<std::string> s = {
-      "aten::_local_scalar_dense", "aten::item",          "aten::is_nonzero",
-      "aten::nonzero",             "aten::masked_select",
-      "aten::unique",              "aten::_unique",       "aten::_unique2",
-      "aten::unique_consecutive",  "aten::unique_dim",    "aten::bincount",
-      "aten::equal",               "aten::allclose",      "aten::_assert_async",
-      "aten::_assert_async.msg"};
+  static const std::set<std::string> s = {"aten::_local_scalar_dense",
+                                          "aten::item",
+                                          "aten::is_nonzero",
+                                          "aten::nonzero",
+                                          "aten::masked_select",
+                                          "aten::unique",
+                                          "aten::_unique",
+                                          "aten::_unique2",
+                                          "aten::unique_consecutive",
+                                          "aten::unique_dim",
+                                          "aten::bincount",
+                                          "aten::equal",
+                                          "aten::allclose",
+                                          "aten::_assert_async",
+                                          "aten::_assert_async.msg"};
   return s;
 }
 
@@ -141,12 +149,10 @@ std::string where(const CapturedOp& op) {
   return op.name + (op.module.empty() ? " (in the step itself)" : " in " + op.module);
 }
 
-// TITAN_CAPTURE_CHECK_CONTEXT=N: on a break, the N ops before and after the first difference
-// in both steps, with their shapes, on stderr (a debugging aid: the message names one op).
+// debug.capture_check_context = N: on a break, the N ops before and after the first
+// difference in both steps, with their shapes, on stderr (the message names one op).
 void print_context(const std::vector<CapturedOp>& want, const std::vector<CapturedOp>& got,
-                   size_t at) {
-  const char* e = std::getenv("TITAN_CAPTURE_CHECK_CONTEXT");
-  const long n = e ? std::atol(e) : 0;
+                   size_t at, int64_t n) {
   if (n <= 0) return;
   const size_t lo = at > static_cast<size_t>(n) ? at - static_cast<size_t>(n) : 0;
   for (const auto* ops : {&want, &got}) {
@@ -239,7 +245,7 @@ bool CaptureCheck::end_step() {
     const CapturedOp &got = ops[i], &want = reference_[i];
     const std::string at = "op " + std::to_string(i) + " ";
     if (got.name != want.name || got.shapes != want.shapes || got.scalars != want.scalars)
-      print_context(reference_, ops, i);
+      print_context(reference_, ops, i, context_ops_);
     if (got.name != want.name)
       fail(at + where(got) + ": the op sequence changed between steps (the reference step ran " +
            where(want) + " here; control flow depends on data or host state)");

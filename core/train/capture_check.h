@@ -71,6 +71,9 @@ class CaptureCheck {
   const std::vector<CapturedOp>& reference() const { return reference_; }
   int64_t ops_per_step() const { return static_cast<int64_t>(reference_.size()); }
   int64_t steps_compared() const { return compared_; }
+  // Debugging aid (debug.capture_check_context): on a break, print the N ops before and
+  // after the first difference in both steps to stderr.
+  void set_context_ops(int64_t n) { context_ops_ = n; }
   // "capture check: N ops per step, static"
   std::string summary() const;
 
@@ -81,7 +84,8 @@ class CaptureCheck {
   void start_recording();
 
   int64_t warmup_;
-  int64_t step_ = 0;         // steps begun since the reference was reset
+  int64_t context_ops_ = 0;
+  int64_t step_ = 0;  // steps begun since the reference was reset
   int64_t compared_ = 0;
   std::string key_;
   std::vector<CapturedOp> reference_;

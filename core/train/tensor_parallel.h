@@ -82,6 +82,14 @@ class TensorParallelComm {
   // (..., V/tp) -> (..., V): all-gather along the last dim, no autograd (logits for tests
   // and exports; training never forms them).
   virtual at::Tensor gather_last(const at::Tensor& x) = 0;
+  // Async tensor parallelism's GEMM-fused boundary calls since the last take: chunked and
+  // overlapped, or fallen back to plain TP's composition (with the first fallback's reason,
+  // e.g. "float8 weights"). Plain TP: zeros.
+  struct AsyncCounts {
+    int64_t chunked = 0, fallback = 0;
+    std::string first_fallback;
+  };
+  virtual AsyncCounts take_async_counts() { return {}; }
 };
 
 }  // namespace titan

@@ -105,7 +105,7 @@ TEST_CASE("checkpoint: a save killed midway is never picked as the latest", "[ch
       "--job.dump_folder " +
       dir.file("r");
   // Every save sleeps 3 s between writing its files and the rename: a slow disk.
-  Proc proc = spawn(args, dir.file("r.log"), "TITAN_TEST_CHECKPOINT_DELAY_MS=3000");
+  Proc proc = spawn(args + " --debug.checkpoint_delay_ms 3000", dir.file("r.log"));
   const std::string root = dir.file("r") + "/checkpoint";
   auto tmp_of_10 = [&] {
     if (!fs::exists(root)) return false;
@@ -179,7 +179,7 @@ TEST_CASE("checkpoint: SIGINT saves and exits 0; a second SIGINT aborts the save
 
   // Each save sleeps 3 s before its rename, so the second SIGINT lands inside it.
   Proc twice =
-      spawn(args + dir.file("b"), dir.file("b.log"), "TITAN_TEST_CHECKPOINT_DELAY_MS=3000");
+      spawn(args + dir.file("b") + " --debug.checkpoint_delay_ms 3000", dir.file("b.log"));
   REQUIRE(started(dir.file("b")));
   ::kill(twice.pid, SIGINT);
   REQUIRE(wait_for([&] { return test::read_file(dir.file("b.log")).find("received signal 2") !=

@@ -232,7 +232,7 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
 
 // main() maps every exception to one message and a documented status (app/fatal.h): 2 bad
 // input, 3 out of memory (naming the memory and the keys that lower it), 1 internal (with
-// the stack c10 attaches). The planted errors come from TITAN_PLANT_ERROR at the start of a
+// the stack c10 attaches). The planted errors come from debug.plant_error at the start of a
 // run, so no test has to exhaust real memory; the CUDA out-of-memory path itself is a [gpu]
 // test (test/app/test_gpu.cpp).
 TEST_CASE("cli: every error ends in one message and its exit status", "[cli]") {
@@ -241,8 +241,8 @@ TEST_CASE("cli: every error ends in one message and its exit status", "[cli]") {
                           "/configs/llama3_debug.toml --training.steps 1 --job.dump_folder " +
                           dir.file("out") + " --training.local_batch_size 3";
   auto planted = [&](const std::string& kind) {
-    return test::run("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK "
-                     "TITAN_PLANT_ERROR=" + kind + " " + test::binary() + " " + run);
+    return test::run("env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK " +
+                     test::binary() + " " + run + " --debug.plant_error " + kind);
   };
   auto oom = planted("oom");
   INFO(oom.out);
@@ -261,7 +261,7 @@ TEST_CASE("cli: every error ends in one message and its exit status", "[cli]") {
   CHECK_THAT(other.out, Contains("titan-train: internal error: planted std::runtime_error"));
   auto unknown = planted("nonsense");
   CHECK(unknown.rc == 2);
-  CHECK_THAT(unknown.out, Contains("TITAN_PLANT_ERROR") && Contains("allowed: internal, oom, std"));
+  CHECK_THAT(unknown.out, Contains("debug.plant_error") && Contains("internal, oom, std"));
   for (const auto& r : {oom, internal, other}) CHECK_THAT(r.out, !Contains("terminate called"));
   // A device that is not there is bad input (the CPU suite runs with every GPU hidden).
   auto cuda = titan_run(run + " --training.device cuda");

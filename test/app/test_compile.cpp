@@ -51,7 +51,8 @@ struct Fixture {
   std::unique_ptr<Model> model;
   std::unique_ptr<AdamW> opt;
   std::vector<MicroBatch> micro;
-  StepOptions o;
+  StepObjective obj;
+  StepDrivers d;
 };
 
 Fixture make(const std::string& name, const std::string& backend) {
@@ -69,8 +70,8 @@ Fixture make(const std::string& name, const std::string& backend) {
   const int64_t V = f.model->info().vocab_size;
   for (int i = 0; i < 2; ++i)
     f.micro.push_back({at::randint(V, {2, 32}, gen, at::kLong), at::randint(V, {2, 32}, gen, at::kLong)});
-  f.o.global_tokens = 2 * 2 * 32;
-  f.o.max_norm = 1.0;
+  f.obj.global_tokens = 2 * 2 * 32;
+  f.obj.max_norm = 1.0;
   return f;
 }
 
@@ -215,10 +216,11 @@ TEST_CASE("compile: the loop experts' host read is named with its layer and modu
   // The planted break: the loop backend, which the trainer refuses under compile.enable, run
   // under the check directly. DeepSeek-V3's debug model has dense layer 0, MoE from layer 1.
   Fixture f = make("deepseek_v3", "loop");
-  CompiledStep step(*f.model, *f.opt, nullptr, /*cuda=*/false);
+  PlainStepPhases phases(*f.model, *f.opt, nullptr, f.obj);
+  CompiledStep step(phases, /*cuda=*/false);
   std::string err;
   try {
-    for (int k = 0; k < 3; ++k) (void)step.step(f.micro, f.o);
+    for (int k = 0; k < 3; ++k) (void)step.step(f.micro, f.d);
   } catch (const UserError& e) {
     err = e.what();
   }
@@ -235,12 +237,13 @@ TEST_CASE("compile: the checked step equals the plain step bit for bit", "[compi
       Fixture a = make(name, "auto"), b = make(name, "auto");
       a.model->set_compute_dtype(dtype);
       b.model->set_compute_dtype(dtype);
-      CompiledStep step(*b.model, *b.opt, nullptr, /*cuda=*/false);
+      PlainStepPhases phases(*b.model, *b.opt, nullptr, b.obj);
+      CompiledStep step(phases, /*cuda=*/false);
       std::string report;
       for (int k = 1; k <= 4; ++k) {
-        a.o.lr = b.o.lr = 1e-3 * k;  // the lr changes every step: it must not break the check
-        StepResult ra = train_step(*a.model, *a.opt, a.micro, a.o);
-        StepResult rb = step.step(b.micro, b.o);
+        a.d.lr = b.d.lr = 1e-3 * k;  // the lr changes every step: it must not break the check
+        StepResult ra = train_step(*a.model, *a.opt, a.micro, a.obj, a.d);
+        StepResult rb = step.step(b.micro, b.d);
         CHECK(ra.loss.item<double>() == rb.loss.item<double>());
         CHECK(ra.grad_norm.item<double>() == rb.grad_norm.item<double>());
         const std::string r = step.take_report();
@@ -291,8 +294,8 @@ TEST_CASE(
       CHECK(differ);
       auto planted =
           test::run("cd " + test::source_dir() +
-                    " && env -u RANK -u WORLD_SIZE TITAN_PLANT_ERROR=host_read " + test::binary() +
-                    " " + kRun + cfg + "--compile.enable true --job.dump_folder " +
+                    " && env -u RANK -u WORLD_SIZE " + test::binary() + " " + kRun +
+                    cfg + "--debug.plant_error host_read --compile.enable true --job.dump_folder " +
                     dir.file(std::string(name) + "_planted"));
       INFO(planted.out);
       CHECK(planted.rc == 2);
@@ -361,7 +364,7 @@ TEST_CASE("compile: EP 2 re-runs overflowing steps exactly under the capture che
   CHECK(overflows >= 4);
   auto r = torchrun_train(2, base + "--moe.ep_exchange exact --job.dump_folder " + dir.file("exact"));
   INFO(r.out);
-  CHECK(r.rc != 0);
+  CHECK(test::exit_status(r) == 2);
   CHECK_THAT(r.out, Contains("moe.ep_exchange = \"exact\""));
   CHECK_THAT(r.out, Contains("exitcode  : 2"));
 }
@@ -381,12 +384,12 @@ TEST_CASE("compile: the one-rank FSDP and expert-exchange layouts of the gpu cap
     const char* collective;
   };
   const Case cases[] = {
-      {"fsdp", "TITAN_FORCE_FSDP=1",
-       "--config configs/llama3_debug.toml --training.local_batch_size 2 "
+      {"fsdp", "",
+       "--debug.force_fsdp true --config configs/llama3_debug.toml --training.local_batch_size 2 "
        "--training.global_batch_size 4",
        "FSDP, dp_replicate 1 x dp_shard 1", "reduce-scatter"},
-      {"ep", "TITAN_FORCE_EP=1",
-       "--config configs/deepseek_v3_debug.toml --training.local_batch_size 2 "
+      {"ep", "",
+       "--debug.force_ep true --config configs/deepseek_v3_debug.toml --training.local_batch_size 2 "
        "--moe.ep_exchange static",
        "the exchange runs over the world", "all-to-all"},
   };

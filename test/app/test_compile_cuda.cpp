@@ -44,8 +44,8 @@ std::vector<MicroBatch> batches(int64_t vocab, int64_t step, int64_t B, int64_t 
   return out;
 }
 
-StepOptions options(int64_t B, int64_t T) {
-  StepOptions o;
+StepObjective objective(int64_t B, int64_t T) {
+  StepObjective o;
   o.global_tokens = static_cast<double>(2 * B * T);
   o.max_norm = 1.0;
   return o;
@@ -58,18 +58,21 @@ TEST_CASE("compile cuda: replays read the lr written before each replay, and re-
   if (!at::hasCUDA()) TITAN_SKIP("no CUDA device");
   // fp32 compute: captured and eager run the same kernels, so they agree to fp32 rounding.
   Run eager = make_run("llama3", false), graph = make_run("llama3", false);
-  CompiledStep step(*graph.model, *graph.opt, nullptr, /*cuda=*/true, /*warmup_steps=*/3);
+  PlainStepPhases phases(*graph.model, *graph.opt, nullptr, objective(2, 32));
+  CompiledStep step(phases, /*cuda=*/true, /*warmup_steps=*/3);
   const int64_t V = eager.model->info().vocab_size;
   auto lr_of = [](int64_t k) { return k == 7 ? 0.0 : 1e-3 * static_cast<double>(1 + k % 3); };
   for (int64_t k = 1; k <= 12; ++k) {
     const int64_t T = k <= 8 ? 32 : 16;  // steps 9-12: a new shape, so a new capture
-    StepOptions o = options(2, T);
+    const StepObjective obj = objective(2, T);
+    phases.set_objective(obj);  // a new shape is a new capture, with its token count
+    StepDrivers o;
     o.lr = lr_of(k);
     auto micro = batches(V, k, 2, T);
     std::vector<at::Tensor> before;
     if (k == 7)
       for (auto& p : graph.model->params().tensors()) before.push_back(p.detach().clone());
-    StepResult re = train_step(*eager.model, *eager.opt, eager.inputs.stage(micro), o);
+    StepResult re = train_step(*eager.model, *eager.opt, eager.inputs.stage(micro), obj, o);
     StepResult rg = step.step(graph.inputs.stage(micro), o);
     const double le = re.loss.item<double>(), lg = rg.loss.item<double>();
     INFO("step " << k << " lr " << o.lr << ": eager " << le << " captured " << lg);
@@ -99,14 +102,16 @@ TEST_CASE("compile cuda: captured and eager bf16 losses agree over 30 steps for 
   for (const char* name : {"llama3", "llama4", "deepseek_v3"}) {
     DYNAMIC_SECTION(name) {
       Run eager = make_run(name, true), graph = make_run(name, true);
-      CompiledStep step(*graph.model, *graph.opt, nullptr, /*cuda=*/true);
+      PlainStepPhases phases(*graph.model, *graph.opt, nullptr, objective(4, 64));
+      CompiledStep step(phases, /*cuda=*/true);
       const int64_t V = eager.model->info().vocab_size;
       double worst = 0;
       for (int64_t k = 1; k <= 30; ++k) {
-        StepOptions o = options(4, 64);
+        StepDrivers o;
         o.lr = 8e-4 * std::min(1.0, static_cast<double>(k) / 5.0);  // warmup, then constant
         auto micro = batches(V, k, 4, 64);
-        StepResult re = train_step(*eager.model, *eager.opt, eager.inputs.stage(micro), o);
+        StepResult re =
+            train_step(*eager.model, *eager.opt, eager.inputs.stage(micro), objective(4, 64), o);
         StepResult rg = step.step(graph.inputs.stage(micro), o);
         const double le = re.loss.item<double>(), lg = rg.loss.item<double>();
         worst = std::max(worst, std::abs(le - lg) / std::abs(le));

@@ -104,19 +104,20 @@ TEST_CASE("gpu: a non-logging bf16 train step of llama3 and deepseek_v3 on group
     for (int i = 0; i < 2; ++i)
       micro.push_back({at::randint(V, {2, 128}, gen, at::kLong).to(dev),
                        at::randint(V, {2, 128}, gen, at::kLong).to(dev)});
-    StepOptions o;
-    o.global_tokens = 2 * 2 * 128;
+    StepObjective obj;
+    obj.global_tokens = 2 * 2 * 128;
+    obj.max_norm = 1.0;
+    StepDrivers o;
     o.lr = 1e-3;
-    o.max_norm = 1.0;
     PhaseTimer timer(/*cuda=*/true);
     o.timer = &timer;
-    for (int i = 0; i < 2; ++i) (void)train_step(*model, opt, micro, o);  // state, workspaces
+    for (int i = 0; i < 2; ++i) (void)train_step(*model, opt, micro, obj, o);  // state, workspaces
     (void)timer.take();
     StepResult r;
     {
       SyncDebug guard(c10::cuda::SyncDebugMode::L_ERROR);
       o.lr = 5e-4;  // a new lr reaches the step without a host read of the device
-      CHECK_NOTHROW(r = train_step(*model, opt, micro, o));
+      CHECK_NOTHROW(r = train_step(*model, opt, micro, obj, o));
       // The detector can fail: the log step's read is a sync.
       CHECK_THROWS(r.loss.item<double>());
     }
@@ -173,11 +174,11 @@ TEST_CASE("gpu: NCCL process groups of one rank run DDP and FSDP and the expert 
   const Case cases[] = {
       {"ddp", "OMP_NUM_THREADS=4", "llama3_debug", "--training.local_batch_size 8",
        "DDP (replicated)"},
-      {"fsdp", "TITAN_FORCE_FSDP=1", "llama3_debug",
-       "--training.local_batch_size 4 --training.global_batch_size 8 "
+      {"fsdp", "", "llama3_debug",
+       "--debug.force_fsdp true --training.local_batch_size 4 --training.global_batch_size 8 "
        "--activation_checkpoint.mode full",
        "FSDP, dp_replicate 1 x dp_shard 1"},
-      {"ep", "TITAN_FORCE_EP=1", "deepseek_v3_debug", "--training.local_batch_size 4",
+      {"ep", "", "deepseek_v3_debug", "--debug.force_ep true --training.local_batch_size 4",
        "the exchange runs over the world"},
   };
   for (const Case& c : cases) {
@@ -205,8 +206,8 @@ TEST_CASE("gpu: captured FSDP and static expert exchange over one-rank NCCL equa
           "[gpu][compile][dist]") {
   // compile.enable captures the step with its NCCL collectives inside the graphs (a one-rank
   // NCCL group still launches real NCCL kernels): FSDP's gathers and reduce-scatters
-  // (TITAN_FORCE_FSDP), and DDP's bucket all-reduce with the static expert exchange's
-  // all-to-alls (TITAN_FORCE_EP). Against the same run eager, bf16 compute, 20 steps:
+  // (debug.force_fsdp), and DDP's bucket all-reduce with the static expert exchange's
+  // all-to-alls (debug.force_ep). Against the same run eager, bf16 compute, 20 steps:
   // - losses per step within 2e-2 relative (as test_compile_cuda.cpp: the same kernels, but
   //   atomics in some backward kernels add in another order, and the difference compounds);
   // - 1 capture and 17 replays (3 eager warm-up steps; the capture step replays at once);
@@ -223,19 +224,19 @@ TEST_CASE("gpu: captured FSDP and static expert exchange over one-rank NCCL equa
     const char* log_must_have;
   };
   const Case cases[] = {
-      {"fsdp", "TITAN_FORCE_FSDP=1",
-       "--config configs/llama3_debug.toml --training.local_batch_size 4 "
+      {"fsdp", "",
+       "--debug.force_fsdp true --config configs/llama3_debug.toml --training.local_batch_size 4 "
        "--training.global_batch_size 8",
        "FSDP, dp_replicate 1 x dp_shard 1"},
-      {"ep", "TITAN_FORCE_EP=1",
-       "--config configs/deepseek_v3_debug.toml --training.local_batch_size 4 "
+      {"ep", "",
+       "--debug.force_ep true --config configs/deepseek_v3_debug.toml --training.local_batch_size 4 "
        "--moe.ep_exchange static",
        "the exchange runs over the world"},
       // FSDP's float8 all-gather (docs/float8.md): the e4m3 byte gathers in the forward graph,
       // the precomputed scales' fused amax and all-reduce in the optimizer graph, into the
       // buffer the next replay's gathers read.
-      {"fsdp_float8", "TITAN_FORCE_FSDP=1",
-       "--config configs/llama3_debug.toml --training.local_batch_size 4 "
+      {"fsdp_float8", "",
+       "--debug.force_fsdp true --config configs/llama3_debug.toml --training.local_batch_size 4 "
        "--training.global_batch_size 8 --model.converters float8 "
        "--quantize.linear.float8.enable_fsdp_float8_all_gather true "
        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp true",

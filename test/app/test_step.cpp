@@ -93,7 +93,8 @@ struct Setup {
   std::unique_ptr<Model> model;
   std::unique_ptr<AdamW> opt;
   std::vector<MicroBatch> micro;
-  StepOptions o;
+  StepObjective obj;
+  StepDrivers d;
 };
 
 Setup make_setup(const std::string& name) {
@@ -106,9 +107,9 @@ Setup make_setup(const std::string& name) {
   for (auto& p : s.model->params().all()) decay.push_back(p.weight_decay);
   s.opt = std::make_unique<AdamW>(s.model->params().tensors(), decay, cfg.optimizer);
   s.micro = random_batches(2, 2, 32, s.model->info().vocab_size, 5);  // 2 micro-batches
-  s.o.global_tokens = 2 * 2 * 32;
-  s.o.lr = 1e-3;
-  s.o.max_norm = 1.0;
+  s.obj.global_tokens = 2 * 2 * 32;
+  s.obj.max_norm = 1.0;
+  s.d.lr = 1e-3;
   return s;
 }
 
@@ -116,11 +117,11 @@ Setup make_setup(const std::string& name) {
 
 TEST_CASE("step: a non-logging dense step makes no host read", "[step]") {
   Setup s = make_setup("llama3");
-  (void)train_step(*s.model, *s.opt, s.micro, s.o);  // the first step allocates the state
+  (void)train_step(*s.model, *s.opt, s.micro, s.obj, s.d);  // the first step allocates the state
   StepResult r;
   {
     HostReadCounter c;
-    r = train_step(*s.model, *s.opt, s.micro, s.o);
+    r = train_step(*s.model, *s.opt, s.micro, s.obj, s.d);
     INFO("host reads called from: " << HostReadCounter::describe());
     CHECK(HostReadCounter::reads == 0);
     CHECK(HostReadCounter::fused_calls == 2);  // the counter sees ops: both parameter groups
@@ -140,9 +141,9 @@ TEST_CASE("step: MoE steps read only the loop backend's counts", "[step][moe]") 
   for (const char* name : {"llama4", "deepseek_v3"}) {
     INFO(name);
     Setup s = make_setup(name);
-    (void)train_step(*s.model, *s.opt, s.micro, s.o);
+    (void)train_step(*s.model, *s.opt, s.micro, s.obj, s.d);
     HostReadCounter c;
-    (void)train_step(*s.model, *s.opt, s.micro, s.o);
+    (void)train_step(*s.model, *s.opt, s.micro, s.obj, s.d);
     INFO("host reads called from: " << HostReadCounter::describe());
     CHECK(HostReadCounter::reads == 0);
   }
@@ -158,10 +159,10 @@ TEST_CASE("step: bf16 compute casts follow every optimizer step", "[step]") {
     INFO(name);
     Setup s = make_setup(name);
     s.model->set_compute_dtype(at::kBFloat16);
-    s.o.lr = 3e-3;
+    s.d.lr = 3e-3;
     std::vector<double> loss;
     for (int i = 0; i < 3; ++i)
-      loss.push_back(train_step(*s.model, *s.opt, s.micro, s.o).loss.item<double>());
+      loss.push_back(train_step(*s.model, *s.opt, s.micro, s.obj, s.d).loss.item<double>());
     INFO("losses " << loss[0] << " " << loss[1] << " " << loss[2]);
     CHECK(loss[1] < loss[0]);
     CHECK(loss[2] < loss[0]);
@@ -172,12 +173,12 @@ TEST_CASE("step: bf16 compute casts follow every optimizer step", "[step]") {
 TEST_CASE("step: lr tensor, in-place gradients and persistent inputs", "[step]") {
   Setup s = make_setup("llama3");
   StepInputs inputs;
-  (void)train_step(*s.model, *s.opt, inputs.stage(s.micro), s.o);
+  (void)train_step(*s.model, *s.opt, inputs.stage(s.micro), s.obj, s.d);
   // The fused kernel's learning rate is a 0-d tensor holding the step's lr exactly.
   const at::Tensor& lr = s.opt->lr_tensor();
   CHECK(lr.dim() == 0);
   CHECK(lr.scalar_type() == at::kDouble);
-  CHECK(lr.item<double>() == s.o.lr);
+  CHECK(lr.item<double>() == s.d.lr);
   // Gradients were zeroed in place: defined, zero, and the same storage after another step.
   std::vector<const void*> where;
   for (auto& p : s.model->params().tensors()) {
@@ -187,9 +188,9 @@ TEST_CASE("step: lr tensor, in-place gradients and persistent inputs", "[step]")
   }
   const void* tokens_at = inputs.stage(s.micro)[0].tokens.data_ptr();
   std::vector<MicroBatch> next = random_batches(2, 2, 32, s.model->info().vocab_size, 6);
-  s.o.lr = 5e-4;
+  s.d.lr = 5e-4;
   const std::vector<MicroBatch>& staged = inputs.stage(next);
-  (void)train_step(*s.model, *s.opt, staged, s.o);
+  (void)train_step(*s.model, *s.opt, staged, s.obj, s.d);
   CHECK(lr.item<double>() == 5e-4);
   size_t i = 0;
   for (auto& p : s.model->params().tensors()) CHECK(p.grad().data_ptr() == where[i++]);

@@ -91,11 +91,12 @@ TEST_CASE("bench: training steps of a configurable model on random tokens", "[.t
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor buf = at::randint(V, {B, T + 1}, gen, at::kLong);
     std::vector<MicroBatch> mb{{buf.slice(1, 0, T), buf.slice(1, 1, T + 1)}};
-    StepOptions o;
-    o.global_tokens = static_cast<double>(B * T);
+    StepObjective obj;
+    obj.global_tokens = static_cast<double>(B * T);
+    obj.max_norm = 1.0;
+    StepDrivers o;
     o.lr = 8e-4;
-    o.max_norm = 1.0;
-    StepResult r = train_step(*model, opt, mb, o);
+    StepResult r = train_step(*model, opt, mb, obj, o);
     (void)r.loss.item<double>();  // the log read the reference makes too
     const double sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -97,11 +97,12 @@ void run_parity(const Llama3Args& a, const std::string& tag) {
   at::Tensor ref_loss = ref.get("loss"), ref_norm = ref.get("grad_norm");
   double worst_loss = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    StepOptions so;
-    so.global_tokens = static_cast<double>(B * T);
+    StepObjective obj;
+    obj.global_tokens = static_cast<double>(B * T);
+    obj.max_norm = max_norm;
+    StepDrivers so;
     so.lr = oc.lr;
-    so.max_norm = max_norm;
-    StepResult sr = train_step(model, opt, {mbs[static_cast<size_t>(s)]}, so);
+    StepResult sr = train_step(model, opt, {mbs[static_cast<size_t>(s)]}, obj, so);
     double ours = sr.loss.item<double>(), theirs = ref_loss[s].item<double>();
     double e = std::abs(ours - theirs) / std::abs(theirs);
     INFO("step " << s << " loss ours " << ours << " ref " << theirs);

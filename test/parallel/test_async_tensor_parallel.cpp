@@ -172,6 +172,16 @@ TEST_CASE(
       REQUIRE(r3.rc == 0);
       CHECK_THAT(r3.out, Contains("=> async tensor parallel"));
       CHECK_THAT(r2.out, !Contains("=> async tensor parallel"));
+      // The chunked path ran, every step, and nothing fell back to plain TP; plain TP has
+      // no such counts.
+      for (auto& [step, j] : test::training_metrics(atp.file("metrics.jsonl"))) {
+        INFO("step " << step);
+        CHECK(j.value("tp/async_chunked_calls", 0.0) > 0);
+        CHECK(j.value("tp/async_fallback_calls", -1.0) == 0);
+      }
+      for (auto& [step, j] : test::training_metrics(tp.file("metrics.jsonl")))
+        CHECK_FALSE(j.contains("tp/async_chunked_calls"));
+      CHECK_THAT(r3.out, !Contains("ran plain TP's all-gather / reduce-scatter"));
       auto ref = metrics(one.file("metrics.jsonl")), plain = metrics(tp.file("metrics.jsonl")),
            async = metrics(atp.file("metrics.jsonl"));
       REQUIRE(ref.size() == 4);

@@ -245,6 +245,11 @@ TEST_CASE(
   CHECK_THAT(r4.out, Contains("dp_replicate 1 x dp_shard 2 x tp 2"));
   CHECK_THAT(r4.out, Contains("float8 all-gather of"));
   CHECK_THAT(r4.out, Contains("=> async tensor parallel with float8 linears"));
+  // The float8 linears' boundaries fall back to plain TP, visibly (a line and the metric).
+  CHECK_THAT(r4.out, Contains("ran plain TP's all-gather / reduce-scatter, not chunked (first "
+                              "reason: float8 weights)"));
+  for (auto& [step, j] : test::training_metrics(f.file("metrics.jsonl")))
+    CHECK(j.value("tp/async_fallback_calls", 0.0) > 0);
   auto a = metrics(one.path.string()), b = metrics(f.path.string());
   REQUIRE(a.size() == 4);
   REQUIRE(b.size() == 4);

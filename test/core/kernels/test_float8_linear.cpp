@@ -159,6 +159,11 @@ TEST_CASE("float8 linear: float8 is really on, and the CPU kernels are as docume
   CHECK(f8::describe({f8::Recipe::Rowwise, false}, cpu) ==
         "float8: recipe rowwise, emulated GEMMs on cpu (ATen's CPU _scaled_mm takes per-tensor "
         "scales only)");
+  // A CPU whose _scaled_mm the start-up probe found slow: tensorwise is emulated too.
+  CHECK(f8::kernel_for({f8::Recipe::Tensorwise, false, false}, cpu) == f8::Kernel::Emulated);
+  CHECK(f8::describe({f8::Recipe::Tensorwise, false, false}, cpu) ==
+        "float8: recipe tensorwise, emulated GEMMs on cpu (ATen's CPU _scaled_mm measured slow "
+        "on this processor at start)");
   for (const char* n : {"tensorwise", "rowwise", "rowwise_with_gw_hp"})
     CHECK(f8::recipe_name(*f8::parse_recipe(n)) == std::string(n));
   CHECK_FALSE(f8::parse_recipe("delayed").has_value());
@@ -251,4 +256,20 @@ TEST_CASE("float8 linear: a pre-cast tensorwise weight equals the op's own cast 
   const f8::Quantized w8 = f8::quantize(in.w, at::kFloat8_e4m3fn, false, 0, false);
   CHECK_THROWS_WITH(f8::float8_linear(in.x, in.w, at::Tensor(), {f8::Recipe::Rowwise, true}, &w8),
                     Catch::Matchers::Contains("tensorwise"));
+}
+
+TEST_CASE("float8 linear: the CPU _scaled_mm probe flags a planted slow kernel", "[float8]") {
+  // The slow path this guards against (about 500x on a CPU with AMX and AVX512-FP16) is not
+  // on this machine: a planted 30 ms per call stands in for it. Unplanted, the probe's
+  // verdict follows its own ratio, whatever this processor does.
+  const f8::CpuProbe plain = f8::probe_cpu_scaled_mm(at::kFloat);
+  INFO(plain.describe());
+  CHECK(plain.emulated_ms > 0);
+  CHECK(plain.scaled_mm_ms > 0);
+  CHECK(plain.slow == (plain.scaled_mm_ms > f8::kCpuSlowFactor * plain.emulated_ms + 0.5));
+  const f8::CpuProbe planted = f8::probe_cpu_scaled_mm(at::kBFloat16, 30.0);
+  INFO(planted.describe());
+  CHECK(planted.scaled_mm_ms >= 30.0);
+  CHECK(planted.slow);
+  CHECK_THAT(planted.describe(), Catch::Matchers::Contains("ms emulated ("));
 }
