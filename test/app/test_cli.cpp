@@ -173,8 +173,10 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
       {"--training.dataset_weights 1,2.5 --training.dataset_path a b", "training",
        "dataset_weights", "[1.0, 2.5]"},
       {"--validation.dataset_path v.txt", "validation", "dataset_path", "['v.txt']"},
-      // An ignored torchtitan key swallows its value; an old name sets the current key.
-      {"--profiling.enable_memory_snapshot true --training.steps 3", "training", "steps", "3"},
+      // An ignored torchtitan key swallows its value; an old name sets the current key; a
+      // torchtitan switch titan-train lacks is accepted at its default.
+      {"--training.gc_freq 10 --training.steps 3", "training", "steps", "3"},
+      {"--profiling.enable_memory_snapshot false --training.steps 4", "training", "steps", "4"},
       {"--profiling.profile_freq 5", "profiling", "profile_freq", "5"},
       {"--job.print_args", "job", "print_config", "true"},
       // inf keeps its meaning where the default is inf (the no-drop worst case).
@@ -189,10 +191,10 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
     CHECK(r.rc == 0);
     CHECK(dumped(r.out, c.section, c.key) == c.value);
   }
-  auto r = titan_run("--profiling.enable_memory_snapshot true --job.print_args --dump-config");
+  auto r = titan_run("--training.gc_freq 10 --job.print_args --dump-config");
   CHECK_THAT(r.out,
              Contains("warning: command line: ignoring torchtitan key "
-                      "profiling.enable_memory_snapshot") &&
+                      "training.gc_freq") &&
                         Contains("job.print_args is an older torchtitan name; the current name "
                                  "is job.print_config"));
 
@@ -213,6 +215,16 @@ TEST_CASE("cli: values are taken only by keys that expect one; --key= is an empt
       {"--training.dataset_weights 1 --training.dataset_path a b",
        {"dataset_weights has 1", "has 2"}},
       {"--activation_checkpoint.selective_ac_option ops", {"selective_ac_option", "op, or"}},
+      // torchtitan switches of features titan-train lacks: only their default (issue 41).
+      {"--training.enable_cpu_offload true",
+       {"training.enable_cpu_offload = true needs CPU offload", "allowed: only false"}},
+      {"--fault_tolerance.enable true", {"fault_tolerance.enable = true", "TorchFT"}},
+      {"--parallelism.expert_parallel_comm_backend deepep",
+       {"expert_parallel_comm_backend = 'deepep'", "allowed: only 'standard'"}},
+      {"--profiling.enable_memory_snapshot true", {"profiling.enable_memory_snapshot = true"}},
+      {"--metrics.enable_wandb true", {"metrics.enable_wandb = true"}},
+      {"--experimental.custom_import my.module", {"experimental.custom_import"}},
+      {"--debug.plant_error sometimes", {"debug.plant_error", "host_read"}},
   };
   for (auto& c : bad) {
     INFO(c.args);

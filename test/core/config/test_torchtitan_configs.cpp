@@ -166,7 +166,7 @@ enable_fsdp_float8_all_gather = false
 filter_fqns = ["output"]
 
 [experimental]
-custom_args_module = "some.module"
+custom_args_module = ""
 )";
 
 }  // namespace
@@ -184,11 +184,13 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
     for (auto& w : a.warnings) s += w + "\n";
     return s;
   }());
-  CHECK(a.warnings.size() == 5);
-  for (const char* k : {"profiling.enable_memory_snapshot", "profiling.save_memory_snapshot_folder",
-                        "quantize.linear.mx.*", "quantize.grouped_mm.mx.*", "metrics.enable_wandb"})
+  // The switches of features titan-train lacks (enable_memory_snapshot, enable_wandb) are
+  // accepted silently at their default; any other value exits 2 (below).
+  CHECK(a.warnings.size() == 3);
+  for (const char* k : {"profiling.save_memory_snapshot_folder", "quantize.linear.mx.*",
+                        "quantize.grouped_mm.mx.*"})
     CHECK(warned(a.warnings, k) == 1);
-  CHECK(warned(a.warnings, "v022.toml:") == 5);  // each names the file and line
+  CHECK(warned(a.warnings, "v022.toml:") == 3);  // each names the file and line
   const JobConfig& c = a.cfg;
   CHECK(c.profiling.enable_profiling);
   CHECK(c.profiling.save_traces_folder == "traces");
@@ -240,8 +242,7 @@ TEST_CASE("torchtitan-configs: every key of torchtitan's configs loads, warns on
     CHECK(warned(b.warnings,
                  old_name + " is an older torchtitan name; the current name is " + name) == 1);
   }
-  CHECK(warned(b.warnings, "experimental.*") == 1);
-  CHECK(b.warnings.size() == renamed.size() + 1);
+  CHECK(b.warnings.size() == renamed.size());
   const JobConfig& o = b.cfg;
   CHECK(o.job.print_config);
   CHECK(o.job.use_for_integration_test);
