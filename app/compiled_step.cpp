@@ -67,7 +67,7 @@ struct CompiledStep::Graphs {
 struct CompiledStep::Graphs {};
 #endif
 
-CompiledStep::CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda,
+CompiledStep::CompiledStep(Model& model, Optimizer& opt, GradSync* sync, bool cuda,
                            int64_t warmup_steps, StepPhases* phases)
     : model_(model),
       opt_(opt),

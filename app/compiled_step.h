@@ -38,7 +38,7 @@ class CompiledStep {
  public:
   // `phases`: the step's phases when they are not the whole model's (a pipeline's: its
   // schedule, its gradient reduction, its norm over the stages); null: the model's.
-  CompiledStep(Model& model, AdamW& opt, GradSync* sync, bool cuda, int64_t warmup_steps = 3,
+  CompiledStep(Model& model, Optimizer& opt, GradSync* sync, bool cuda, int64_t warmup_steps = 3,
                StepPhases* phases = nullptr);
   ~CompiledStep();
 
@@ -67,7 +67,7 @@ class CompiledStep {
   void capture(const std::vector<MicroBatch>& micro, const StepOptions& o);
 
   Model& model_;
-  AdamW& opt_;
+  Optimizer& opt_;
   GradSync* sync_;
   PlainStepPhases plain_;
   StepPhases* phases_;  // plain_ or the caller's

@@ -42,7 +42,7 @@ void EpCapacityControl::reduce_overflow() {
   if (flag_.defined() && p_.agree) p_.agree(flag_);  // in place: the same tensor every step
 }
 
-at::Tensor EpCapacityControl::settle(StepPhases& phases, Model& model, AdamW& opt,
+at::Tensor EpCapacityControl::settle(StepPhases& phases, Model& model, Optimizer& opt,
                                      const std::vector<MicroBatch>& micro, const StepOptions& o,
                                      const at::Tensor& loss) {
   ++steps_;

@@ -56,7 +56,7 @@ class EpCapacityControl {
   // forward+backward and gradient reduction again with the exact exchange on the same
   // micro-batches (the whole model's, or a pipeline's schedule); returns that run's loss,
   // else `loss`. Then applies the growth policy.
-  at::Tensor settle(StepPhases& phases, Model& model, AdamW& opt,
+  at::Tensor settle(StepPhases& phases, Model& model, Optimizer& opt,
                     const std::vector<MicroBatch>& micro, const StepOptions& o,
                     const at::Tensor& loss);
 

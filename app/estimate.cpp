@@ -1,5 +1,7 @@
 #include "app/estimate.h"
 
+#include "core/config/param_groups.h"
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -62,6 +64,9 @@ struct Plan {
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
   std::string ac;
+  // optimizer.name = "Muon": the matrices Muon takes keep one fp32 state tensor, not two.
+  bool muon = false;
+  std::vector<std::string> param_groups;
 };
 
 struct Sizes {
@@ -80,6 +85,14 @@ int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0
 Sizes size_plan(const Model& m, const Plan& pl) {
   Sizes s;
   const auto& params = m.params().all();
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Param& p : params) {
+    names.push_back(p.name);
+    shapes.push_back(p.model_shape());
+  }
+  const std::vector<OptimizerKind> kinds =
+      route_params(names, shapes, pl.muon, parse_param_groups(pl.param_groups));
   for (const ParamUnit& u : m.param_units()) {
     double unit_full[2] = {0, 0};
     for (int64_t i : u.params) {
@@ -92,7 +105,7 @@ Sizes size_plan(const Model& m, const Plan& pl) {
       const double local = static_cast<double>(chunk * row_numel);
       s.params += 4 * local;
       s.grads += 4 * local;
-      s.optim += 8 * local;
+      s.optim += (kinds[static_cast<size_t>(i)] == OptimizerKind::Muon ? 4 : 8) * local;
       unit_full[ex] += static_cast<double>(group * chunk * row_numel);
       if (pl.shard > 1) {
         const double passes = u.block >= 0 && pl.reshard ? 2 : 1;  // forward (+ regather)
@@ -190,6 +203,8 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   pl.reduce_bytes = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   pl.reshard = cfg.parallelism.fsdp_reshard_after_forward != "never";
   pl.ac = cfg.activation_checkpoint.mode;
+  pl.muon = cfg.optimizer.name == "Muon";
+  pl.param_groups = cfg.optimizer.param_groups;
   return pl;
 }
 
@@ -389,7 +404,9 @@ double print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
   print_gib(pl.tp > 1 ? "parameters (fp32, tp slices, FSDP shards)" : "parameters (fp32 shards)",
             s.params);
   print_gib("gradients (fp32)", s.grads);
-  print_gib("AdamW state (fp32 exp_avg, exp_avg_sq)", s.optim);
+  print_gib(pl.muon ? "optimizer state (fp32: Muon momentum, AdamW exp_avg + exp_avg_sq)"
+                    : "AdamW state (fp32 exp_avg, exp_avg_sq)",
+            s.optim);
   print_gib("bf16 weight casts (unsharded runs)", casts);
   print_gib("FSDP root units (gathered all step)", root);
   print_gib("FSDP gathered block + prefetch + its gradients", gathered);

@@ -124,7 +124,7 @@ std::string PipelineTraining::describe() const {
   return os.str();
 }
 
-void PipelineTraining::bind(AdamW& opt, GradSync* sync) {
+void PipelineTraining::bind(Optimizer& opt, GradSync* sync) {
   opt_ = &opt;
   sync_ = sync;
 }
@@ -189,7 +189,7 @@ at::Tensor PipelineTraining::optimizer(const StepOptions& o) {
   return norm;
 }
 
-StepResult PipelineTraining::step(AdamW& opt, const std::vector<MicroBatch>& micro,
+StepResult PipelineTraining::step(Optimizer& opt, const std::vector<MicroBatch>& micro,
                                   const StepOptions& o, GradSync* sync) {
   bind(opt, sync);
   auto mark = [&o](PhaseTimer::Phase p) {

@@ -43,10 +43,10 @@ class PipelineTraining : public StepPhases {
   // ranks without the last stage, so a sum over the ranks is the loss); grad_norm is the
   // global norm over every stage's gradients, on every rank.
   // `sync` sums the gradients over the pipeline's data-parallel replicas (null: none).
-  StepResult step(AdamW& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
+  StepResult step(Optimizer& opt, const std::vector<MicroBatch>& micro, const StepOptions& o,
                   GradSync* sync = nullptr);
   // The optimizer and gradient sync the phases below use (step() binds them too).
-  void bind(AdamW& opt, GradSync* sync);
+  void bind(Optimizer& opt, GradSync* sync);
   // StepPhases, for the capture check and the CUDA graphs (app/compiled_step.h): the schedule
   // over every micro-batch (the loss share); the data-parallel gradient reduction; the norm
   // over every stage, clipping, AdamW and the post-step update (the global norm).
@@ -88,7 +88,7 @@ class PipelineTraining : public StepPhases {
   at::ScalarType dtype_;
   at::Device device_;
   std::vector<int64_t> params_;
-  AdamW* opt_ = nullptr;
+  Optimizer* opt_ = nullptr;
   GradSync* sync_ = nullptr;
   std::vector<at::Tensor> mine() const;   // this rank's parameters, in params_' order
   double compute_ms_ = 0, total_ms_ = 0;  // since take_measured_bubble

@@ -64,7 +64,7 @@ void reduce_gradients(Model& model, GradSync* grad_sync) {
   grad_sync->reduce_gradients(params);
 }
 
-at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* grad_sync) {
+at::Tensor optimizer_phase(Model& model, Optimizer& opt, const StepOptions& o, GradSync* grad_sync) {
   RECORD_USER_SCOPE("titan::optimizer");
   auto params = model.params().tensors();
   at::Tensor norm_sq = grad_norm_sq(params);
@@ -81,7 +81,7 @@ at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradS
   return norm;
 }
 
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+StepResult train_step(Model& model, Optimizer& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* grad_sync) {
   auto mark = [&o](PhaseTimer::Phase p) {
     if (o.timer) o.timer->mark(p);

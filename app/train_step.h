@@ -58,7 +58,7 @@ class StepInputs {
 // (micro-batches x dp ranks) respectively, and `sync` sums the shares. Nothing here reads
 // device values: the loss and the norm stay on the device for the caller to read when it
 // logs, and the phase times are events the caller reads then (PhaseTimer).
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+StepResult train_step(Model& model, Optimizer& opt, const std::vector<MicroBatch>& micro,
                       const StepOptions& o, GradSync* sync = nullptr);
 
 // The step's phases, as train_step runs them and as the captured step (app/captured_step.h)
@@ -71,7 +71,7 @@ at::Tensor forward_backward(Model& model, const std::vector<MicroBatch>& micro,
 void reduce_gradients(Model& model, GradSync* sync);
 // Norm, clipping, AdamW, zeroing the gradients, the model's post-step update; returns the
 // global gradient norm before clipping (0-d, on the device).
-at::Tensor optimizer_phase(Model& model, AdamW& opt, const StepOptions& o, GradSync* sync);
+at::Tensor optimizer_phase(Model& model, Optimizer& opt, const StepOptions& o, GradSync* sync);
 
 // The three phases of a step as a unit, for the runners that hold them in their own order
 // (the capture check and the CUDA graphs of app/compiled_step.h): the functions above for a
@@ -87,7 +87,7 @@ class StepPhases {
 
 class PlainStepPhases : public StepPhases {
  public:
-  PlainStepPhases(Model& model, AdamW& opt, GradSync* sync)
+  PlainStepPhases(Model& model, Optimizer& opt, GradSync* sync)
       : model_(model), opt_(opt), sync_(sync) {}
   at::Tensor forward_backward(const std::vector<MicroBatch>& micro, const StepOptions& o) override {
     return titan::forward_backward(model_, micro, o, sync_);
@@ -99,7 +99,7 @@ class PlainStepPhases : public StepPhases {
 
  private:
   Model& model_;
-  AdamW& opt_;
+  Optimizer& opt_;
   GradSync* sync_;
 };
 
