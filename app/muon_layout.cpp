@@ -45,19 +45,23 @@ at::Tensor ShardedMatrixLayout::mine(int64_t i, const at::Tensor& whole) {
   return out;
 }
 
-int64_t full_state_bytes(const Model& model, const OptimizerSection& opt) {
+std::vector<OptimizerKind> route_model(const Model& model, const OptimizerSection& opt) {
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
   for (auto& p : model.params().all()) {
     names.push_back(p.name);
     shapes.push_back(p.model_shape());
   }
-  const auto kinds =
-      route_params(names, shapes, opt.name == "Muon", parse_param_groups(opt.param_groups));
+  return route_params(names, shapes, opt.name == "Muon", parse_param_groups(opt.param_groups));
+}
+
+int64_t full_state_bytes(const Model& model, const OptimizerSection& opt) {
+  const auto kinds = route_model(model, opt);
+  const auto& all = model.params().all();
   int64_t b = 0;
-  for (size_t i = 0; i < shapes.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     int64_t n = 1;
-    for (int64_t d : shapes[i]) n *= d;
+    for (int64_t d : all[i].model_shape()) n *= d;
     b += 4 * n * (kinds[i] == OptimizerKind::Muon ? 2 : 3);
   }
   return b;

@@ -9,6 +9,9 @@
 // dim 0 hold whole matrices already and are not gathered.
 #pragma once
 
+#include <vector>
+
+#include "core/config/param_groups.h"
 #include "core/train/model.h"
 #include "core/train/muon.h"
 #include "parallel/fsdp.h"
@@ -29,6 +32,10 @@ class ShardedMatrixLayout : public MatrixLayout {
   Model& model_;
   FullyShardedDataParallel* fsdp_;
 };
+
+// Each parameter's optimizer (core/config/param_groups.h) over the whole model, every
+// pipeline stage's parameters included.
+std::vector<OptimizerKind> route_model(const Model& model, const OptimizerSection& opt);
 
 // Bytes of fp32 parameters + optimizer state of the whole model, unsharded, with the routing
 // of `opt` (Muon's matrices keep one state tensor, AdamW's parameters two): the denominator

@@ -540,16 +540,21 @@ void Trainer::parallelize() {
 void Trainer::setup_optimizer() {
   const bool decay_all = cfg_.optimizer.weight_decay_scope == "all";  // torchtitan's rule
   std::vector<OptParam> params;
+  std::vector<OptimizerKind> kinds;
   const auto& all = model_->params().all();
+  // Routed over the whole model, so a param_groups entry for another stage's parameters is
+  // not "matching nothing" here.
+  const std::vector<OptimizerKind> routed = route_model(*model_, cfg_.optimizer);
   for (size_t i = 0; i < all.size(); ++i) {
     if (all[i].value.is_meta()) continue;  // another pipeline stage's
     params.push_back({all[i].name, all[i].value, decay_all || all[i].weight_decay,
                       all[i].model_shape(), static_cast<int64_t>(i)});
+    kinds.push_back(routed[i]);
   }
   // Muon gathers split matrices whole (app/muon_layout.h).
   if (cfg_.optimizer.name == "Muon")
     muon_layout_ = std::make_unique<ShardedMatrixLayout>(*model_, sharded_.get());
-  opt_ = std::make_unique<Optimizer>(params, cfg_.optimizer, muon_layout_.get());
+  opt_ = std::make_unique<Optimizer>(params, kinds, cfg_.optimizer, muon_layout_.get());
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
   profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, launch_.rank,

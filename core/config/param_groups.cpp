@@ -41,8 +41,8 @@ bool starts_with(const std::string& s, const char* prefix) {
 }  // namespace
 
 std::vector<OptimizerKind> route_params(const std::vector<std::string>& names,
-                                        const std::vector<std::vector<int64_t>>& shapes,
-                                        bool muon, const std::vector<ParamGroupRule>& rules) {
+                                        const std::vector<std::vector<int64_t>>& shapes, bool muon,
+                                        const std::vector<ParamGroupRule>& rules) {
   std::vector<OptimizerKind> out(names.size(), OptimizerKind::AdamW);
   if (!muon) return out;
   std::vector<std::regex> res;

@@ -28,7 +28,7 @@ std::vector<ParamGroupRule> parse_param_groups(const std::vector<std::string>& e
 // false: everything AdamW. A rule matching no parameter, or one that gives Muon a tensor
 // that is not 2-D (one matrix) or 3-D (E matrices), throws UserError naming the key.
 std::vector<OptimizerKind> route_params(const std::vector<std::string>& names,
-                                        const std::vector<std::vector<int64_t>>& shapes,
-                                        bool muon, const std::vector<ParamGroupRule>& rules);
+                                        const std::vector<std::vector<int64_t>>& shapes, bool muon,
+                                        const std::vector<ParamGroupRule>& rules);
 
 }  // namespace titan

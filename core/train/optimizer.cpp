@@ -166,6 +166,13 @@ Optimizer::Optimizer(const std::vector<OptParam>& params, const OptimizerSection
         layout);
 }
 
+Optimizer::Optimizer(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+                     const OptimizerSection& cfg, MatrixLayout* layout)
+    : cfg_(cfg) {
+  TORCH_CHECK(kinds.size() == params.size(), "Optimizer: one kind per parameter");
+  build(params, kinds, layout);
+}
+
 void Optimizer::build(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
                       MatrixLayout* layout) {
   std::vector<at::Tensor> a, m;

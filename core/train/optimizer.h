@@ -52,12 +52,11 @@ class AdamW {
                     std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
                     std::vector<at::Tensor>& s, double wd) const;
   // optimizer.implementation = "for-loop": one parameter at a time (a reference).
-  void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
-                 std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                 std::vector<at::Tensor>& s, double wd) const;
+  void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g, std::vector<at::Tensor>& m,
+                 std::vector<at::Tensor>& v, std::vector<at::Tensor>& s, double wd) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
-  at::Tensor lr_;  // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
+  at::Tensor lr_;       // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
   double host_lr_ = 0;  // what set_lr wrote; only the for-loop reference reads it
   std::vector<size_t> decay_idx_, no_decay_idx_;
   OptimizerSection cfg_;
@@ -65,9 +64,9 @@ class AdamW {
 
 // A parameter as the optimizer sees it: its local tensor and what routes it.
 struct OptParam {
-  std::string name;  // torchtitan's fully qualified name
-  at::Tensor value;  // the local tensor (a slice under FSDP or tensor parallelism)
-  bool decay = true;  // AdamW: in the weight-decay group
+  std::string name;                  // torchtitan's fully qualified name
+  at::Tensor value;                  // the local tensor (a slice under FSDP or tensor parallelism)
+  bool decay = true;                 // AdamW: in the weight-decay group
   std::vector<int64_t> whole_shape;  // before any parallelism cut it (Param::model_shape)
   int64_t index = -1;                // in the model's ParamStore (for a MatrixLayout)
 };
@@ -83,8 +82,11 @@ class Optimizer {
   Optimizer(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg);
   // Routed by cfg.name and cfg.param_groups; a group rule matching nothing throws UserError.
   // `layout` gathers split matrices for Muon (null: nothing is split).
-  Optimizer(const std::vector<OptParam>& params, const OptimizerSection& cfg,
-            MatrixLayout* layout);
+  Optimizer(const std::vector<OptParam>& params, const OptimizerSection& cfg, MatrixLayout* layout);
+  // With the routing done by the caller (kinds[i] for params[i]): a pipeline rank routes the
+  // whole model, so that a rule matching only another stage's parameters is not refused.
+  Optimizer(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+            const OptimizerSection& cfg, MatrixLayout* layout);
   // The schedule's lr (for optimizer.lr); Muon gets it scaled by muon_lr / optimizer.lr.
   // Written into device tensors, never read back (capture-ready, as AdamW::set_lr).
   void set_lr(double lr);

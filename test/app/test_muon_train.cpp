@@ -109,25 +109,29 @@ TEST_CASE("muon: a resumed Muon run repeats the straight run bit for bit; switch
   CHECK(sw.rc == 2);
   CHECK_THAT(sw.out, Contains("optimizer.name"));
   CHECK_THAT(sw.out, Contains("checkpoint.exclude_from_loading"));
-  auto ok = fork("switch-ok", "--optimizer.name AdamW --optimizer.muon_lr 0.001 "
-                              "--checkpoint.exclude_from_loading optimizer");
+  auto ok = fork("switch-ok",
+                 "--optimizer.name AdamW --optimizer.muon_lr 0.001 "
+                 "--checkpoint.exclude_from_loading optimizer");
   INFO(ok.out);
   CHECK(ok.rc == 0);
 }
 
 TEST_CASE("muon: the CPU capture check passes with Muon", "[muon][app][compile]") {
   test::TempDir dir("muon-compile");
-  auto r = train("--training.steps 6 --training.local_batch_size 2 --compile.enable "
-                 "--training.mixed_precision_param float32 --job.dump_folder " + dir.file("r"));
+  auto r = train(
+      "--training.steps 6 --training.local_batch_size 2 --compile.enable "
+      "--training.mixed_precision_param float32 --job.dump_folder " +
+      dir.file("r"));
   INFO(r.out);
   REQUIRE(r.rc == 0);
   // The same op sequence every step with no host read: Muon's lr is a device tensor and its
   // Newton-Schulz shapes are static.
   CHECK_THAT(r.out, Contains("ops per step, static"));
   CHECK_THAT(r.out, Contains("capture check: 4 steps compared"));
-  auto eager = train("--training.steps 6 --training.local_batch_size 2 "
-                     "--training.mixed_precision_param float32 --job.dump_folder " +
-                     dir.file("e"));
+  auto eager = train(
+      "--training.steps 6 --training.local_batch_size 2 "
+      "--training.mixed_precision_param float32 --job.dump_folder " +
+      dir.file("e"));
   REQUIRE(eager.rc == 0);
   auto a = metrics(dir.file("r")), b = metrics(dir.file("e"));
   REQUIRE(a.size() == 6);
@@ -147,8 +151,9 @@ TEST_CASE("muon: DDP 2 and FSDP 2 equal 1 rank over 4 steps", "[muon][app][dist]
     std::string flags;
   };
   const std::vector<Layout> layouts = {
-      {"ddp2", "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
-               "--parallelism.data_parallel_shard_degree 1"},
+      {"ddp2",
+       "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
+       "--parallelism.data_parallel_shard_degree 1"},
       {"fsdp2", "--training.local_batch_size 2"},
   };
   for (const Layout& l : layouts) {
@@ -164,8 +169,7 @@ TEST_CASE("muon: DDP 2 and FSDP 2 equal 1 rank over 4 steps", "[muon][app][dist]
         worst = std::max(worst, std::abs(m.at(s).first - v.first) / std::abs(v.first));
         worst = std::max(worst, std::abs(m.at(s).second - v.second) / std::abs(v.second));
       }
-      WARN(l.name << " with Muon vs 1 rank: worst relative difference (loss, grad norm) "
-                  << worst);
+      WARN(l.name << " with Muon vs 1 rank: worst relative difference (loss, grad norm) " << worst);
       CHECK(worst < 1e-5);
     }
   }

@@ -75,7 +75,8 @@ std::vector<at::Tensor> run_muon(const OptimizerSection& cfg,
   for (int step = 1; step <= 5; ++step) {
     for (size_t i = 0; i < ps.size(); ++i) {
       at::Tensor g = at::randn(kSpecs[i].shape, gen);
-      if (record) record->push_back({"grad." + std::to_string(i) + "." + std::to_string(step - 1), g});
+      if (record)
+        record->push_back({"grad." + std::to_string(i) + "." + std::to_string(step - 1), g});
       if (ps[i].value.grad().defined())
         ps[i].value.mutable_grad().copy_(g);
       else
@@ -97,7 +98,7 @@ TEST_CASE("muon: default routing is the Moonlight recipe", "[optimizer][muon]") 
   std::vector<OptimizerKind> kinds;
   run_muon(muon_cfg("original", true), nullptr, &kinds);
   const std::vector<OptimizerKind> want = {
-      OptimizerKind::AdamW, OptimizerKind::Muon, OptimizerKind::Muon, OptimizerKind::Muon,
+      OptimizerKind::AdamW, OptimizerKind::Muon,  OptimizerKind::Muon,  OptimizerKind::Muon,
       OptimizerKind::Muon,  OptimizerKind::AdamW, OptimizerKind::AdamW, OptimizerKind::AdamW};
   CHECK(kinds == want);
   // A group entry moves a parameter (first match wins) and is checked against the names.
