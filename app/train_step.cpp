@@ -64,7 +64,8 @@ void reduce_gradients(Model& model, GradSync* grad_sync) {
   grad_sync->reduce_gradients(params);
 }
 
-at::Tensor optimizer_phase(Model& model, Optimizer& opt, const StepOptions& o, GradSync* grad_sync) {
+at::Tensor optimizer_phase(Model& model, Optimizer& opt, const StepOptions& o,
+                           GradSync* grad_sync) {
   RECORD_USER_SCOPE("titan::optimizer");
   auto params = model.params().tensors();
   at::Tensor norm_sq = grad_norm_sq(params);

@@ -621,9 +621,9 @@ void Trainer::log_plan() const {
   std::ostringstream os;
   os.precision(4);
   os << "=> memory: parameters + " << (cfg_.optimizer.name == "Muon" ? "Muon + AdamW" : "AdamW")
-     << " state on this rank " << mine / 1048576.0 << " MiB of "
-     << whole / 1048576.0 << " MiB for the whole model (ratio "
-     << static_cast<double>(mine) / static_cast<double>(whole) << ")";
+     << " state on this rank " << mine / 1048576.0 << " MiB of " << whole / 1048576.0
+     << " MiB for the whole model (ratio " << static_cast<double>(mine) / static_cast<double>(whole)
+     << ")";
   log_info(os.str());
   log_info("=> global_batch_size = " + std::to_string(d_.global_batch) +
            ", grad_accum_steps = " + std::to_string(d_.grad_accum_steps) +

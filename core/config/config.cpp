@@ -608,8 +608,8 @@ static void validate_optimizer(const OptimizerSection& o) {
   const OptimizerSection d = default_config().optimizer;
   auto refuse = [&](const char* key, bool changed) {
     if (changed)
-      throw UserError(std::string("optimizer.") + key + " is set but optimizer.name = \"" +
-                      o.name + "\"; allowed: Muon's keys with optimizer.name = \"Muon\" only");
+      throw UserError(std::string("optimizer.") + key + " is set but optimizer.name = \"" + o.name +
+                      "\"; allowed: Muon's keys with optimizer.name = \"Muon\" only");
   };
   refuse("param_groups", !o.param_groups.empty());
   refuse("muon_lr", o.muon_lr != d.muon_lr);
