@@ -100,7 +100,7 @@ TEST_CASE("muon: default routing is the Moonlight recipe", "[optimizer][muon]") 
   const std::vector<OptimizerKind> want = {
       OptimizerKind::AdamW, OptimizerKind::Muon,  OptimizerKind::Muon,  OptimizerKind::Muon,
       OptimizerKind::Muon,  OptimizerKind::AdamW, OptimizerKind::AdamW, OptimizerKind::AdamW};
-  CHECK(kinds == want);
+  CHECK((kinds == want));  // (parenthesized: no stringification of the enum)
   // A group entry moves a parameter (first match wins) and is checked against the names.
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
