@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -212,4 +213,26 @@ TEST_CASE("muon: deepseek_v3 with FSDP 2 x EP 2 equals 1 rank over 4 steps",
   }
   WARN("deepseek_v3 FSDP 2 x EP 2 with Muon vs 1 rank: worst relative difference " << worst);
   CHECK(worst < 1e-5);
+}
+
+TEST_CASE("muon: estimate counts one state tensor for Muon's matrices", "[muon][app][estimate]") {
+  auto state = [](const std::string& args) {
+    auto r = test::run("cd " + test::source_dir() + " && " + test::binary() +
+                       " estimate --config configs/llama3_debug.toml --world 1 " + args);
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    std::smatch m;
+    const std::regex re(R"((AdamW state|optimizer state)[^\n]*?\s([0-9.]+) GiB)");
+    REQUIRE(std::regex_search(r.out, m, re));
+    return std::stod(m[2]);
+  };
+  const double adamw = state("");
+  // Every parameter routed to AdamW by a group entry: the same 8 bytes per element.
+  const double all_adamw = state("--optimizer.name Muon --optimizer.param_groups .=AdamW");
+  const double muon = state("--optimizer.name Muon");
+  CHECK(all_adamw == Approx(adamw).epsilon(1e-5));
+  // The block matrices (most of the debugmodel besides the embedding and head) drop from 8
+  // to 4 bytes per element.
+  CHECK(muon < 0.75 * adamw);
+  CHECK(muon > 0.5 * adamw);
 }
