@@ -77,6 +77,9 @@ struct Sizes {
   // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
   double tp_collectives = 0, act_bytes = 0, loss_bytes = 0, tp_sent = 0;
   double cp_sent = 0;  // context parallel: K/V all-gathers and their reduce-scatters
+  // optimizer.name = "Muon": the fp32 update rows each FSDP-sharded matrix all-gathers once
+  // per step (app/muon_layout.h), after the backward, so on the critical path.
+  double muon_gather = 0;
 };
 
 int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0); }
@@ -105,7 +108,10 @@ Sizes size_plan(const Model& m, const Plan& pl) {
       const double local = static_cast<double>(chunk * row_numel);
       s.params += 4 * local;
       s.grads += 4 * local;
-      s.optim += (kinds[static_cast<size_t>(i)] == OptimizerKind::Muon ? 4 : 8) * local;
+      const bool muon = kinds[static_cast<size_t>(i)] == OptimizerKind::Muon;
+      s.optim += (muon ? 4 : 8) * local;
+      if (muon && pl.shard > 1 && p.model_shape().size() == 2)
+        s.muon_gather += static_cast<double>(group - 1) * local * 4;
       unit_full[ex] += static_cast<double>(group * chunk * row_numel);
       if (pl.shard > 1) {
         const double passes = u.block >= 0 && pl.reshard ? 2 : 1;  // forward (+ regather)
@@ -472,12 +478,16 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
   const double tp_s = s.tp_sent / g.intra_bytes_s + s.cp_sent / cp_bw;
   // FSDP's collectives overlap compute; the tensor- and context-parallel ones sit on the
   // critical path (the attention waits for the gathered keys and values).
-  const double step_s = std::max(compute_s, comm_s) + tp_s;
+  const double step_s = std::max(compute_s, comm_s) + tp_s + s.muon_gather / bw;
   std::printf("compute: %.4g FLOPs/token, %.4g tokens per dp rank per step, %.4g FLOPs per rank\n",
               fpt, tokens, rank_flops);
   std::printf("bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
               "all-reduce %.4g, tensor parallel %.4g\n",
               s.gather, s.reduce, s.replicate, s.tp_sent);
+  if (pl.muon)
+    std::printf("Muon per step: %.4g bytes sent gathering FSDP-sharded matrices' updates whole "
+                "(fp32, after the backward; tensor-parallel gathers not counted)\n",
+                s.muon_gather);
   if (pl.cp > 1)
     std::printf(
         "context parallel per step: %.4g bytes sent (K/V all-gathers and their "
