@@ -74,7 +74,7 @@ TEST_CASE("muon: bad Muon input exits 2 naming the key", "[muon][app]") {
   }
 }
 
-TEST_CASE("muon: a resumed Muon run repeats the straight run bit for bit; switching exits 2",
+TEST_CASE("muon: a resumed Muon run repeats the straight run bit for bit, switching exits 2",
           "[muon][app][checkpoint]") {
   test::TempDir dir("muon-resume");
   const std::string save =
