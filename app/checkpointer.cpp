@@ -48,6 +48,22 @@ bool restore_param(CheckpointReader& r, const std::string& key, const Param& p,
   return true;
 }
 
+// A parameter's first state tensor ("exp_avg" for AdamW, "momentum_buffer" for Muon) is
+// missing but the other optimizer's is there: the run switched optimizer (optimizer.name, or
+// the routing of optimizer.param_groups). Exit 2 naming the keys rather than a bare missing key.
+void check_optimizer_kind(CheckpointReader& r, const std::string& param, const std::string& want,
+                          const std::set<std::string>& saved, const std::string& opt_name) {
+  if (saved.count("optimizer/" + want + "/" + param)) return;
+  const bool muon = want == "momentum_buffer";
+  const std::string other = muon ? "exp_avg" : "momentum_buffer";
+  if (!saved.count("optimizer/" + other + "/" + param)) return;  // restore_param reports it
+  throw UserError("checkpoint '" + r.dir() + "': " + param + " was saved with " +
+                  (muon ? "AdamW" : "Muon") + " state, but optimizer.name = \"" + opt_name +
+                  "\" (with optimizer.param_groups) now gives it " + (muon ? "Muon" : "AdamW") +
+                  "; allowed: resume with the optimizer it was saved with, or add \"optimizer\" "
+                  "to checkpoint.exclude_from_loading to start the optimizer state afresh");
+}
+
 // "; skipped step-N: ..." for each step-N folder newer than `step` that is not a complete
 // checkpoint (no metadata.json or train_state.json: a save that never finished its rename, or
 // a folder damaged since), so a resume from an older step never happens unexplained.
@@ -161,13 +177,14 @@ CheckpointSnapshot Checkpointer::snapshot(const TrainingState& st, bool model_on
       const int64_t k = staged ? st.opt_slot[i] : static_cast<int64_t>(i);
       if (k < 0) continue;  // another pipeline stage's
       const auto slot = static_cast<size_t>(k);
-      add_param_like("optimizer/exp_avg/" + params[i].name, params[i],
-                     st.optimizer->exp_avg()[slot], at::kFloat);
-      add_param_like("optimizer/exp_avg_sq/" + params[i].name, params[i],
-                     st.optimizer->exp_avg_sq()[slot], at::kFloat);
+      // AdamW: exp_avg, exp_avg_sq and step; Muon: momentum_buffer (its only state).
+      for (auto& [state, t] : st.optimizer->param_state(slot))
+        add_param_like("optimizer/" + state + "/" + params[i].name, params[i], t, at::kFloat);
       const std::string key = "optimizer/step/" + params[i].name;
-      at::Tensor step = st.optimizer->steps()[slot];
-      if (!staged)
+      at::Tensor step = st.optimizer->step_count(slot);
+      if (!step.defined())
+        continue;
+      else if (!staged)
         add_replicated(key, step);
       else if (group_.writes && st.stage_lead)
         s.entries.push_back({key, stage(key, step), step.sizes().vec(), 0});
@@ -252,16 +269,20 @@ void Checkpointer::restore_model(CheckpointReader& r, TrainingState& st) {
 
 void Checkpointer::restore_optimizer(CheckpointReader& r, TrainingState& st) {
   if (excluded("optimizer")) return;
+  std::set<std::string> saved;  // the optimizer state keys the checkpoint holds
+  for (auto& [k, shape] : r.keys("optimizer/")) saved.insert(k);
   auto& params = st.model->params().all();
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
     const int64_t k = st.opt_slot.empty() ? static_cast<int64_t>(i) : st.opt_slot[i];
     if (k < 0) continue;  // another pipeline stage's
     const auto slot = static_cast<size_t>(k);
-    restore_param(r, "optimizer/exp_avg/" + p.name, p, st.optimizer->exp_avg()[slot], true);
-    restore_param(r, "optimizer/exp_avg_sq/" + p.name, p, st.optimizer->exp_avg_sq()[slot], true);
-    at::Tensor step = st.optimizer->steps()[slot];
-    r.restore_rows("optimizer/step/" + p.name, step.sizes().vec(), 0, -1, step, true);
+    const auto state = st.optimizer->param_state(slot);
+    check_optimizer_kind(r, p.name, state.front().first, saved, cfg_.optimizer.name);
+    for (auto& [name, t] : state) restore_param(r, "optimizer/" + name + "/" + p.name, p, t, true);
+    at::Tensor step = st.optimizer->step_count(slot);
+    if (step.defined())
+      r.restore_rows("optimizer/step/" + p.name, step.sizes().vec(), 0, -1, step, true);
   }
 }
 

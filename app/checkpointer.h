@@ -21,7 +21,7 @@ namespace titan {
 // The live training state a checkpoint captures and restores.
 struct TrainingState {
   Model* model = nullptr;
-  AdamW* optimizer = nullptr;
+  Optimizer* optimizer = nullptr;
   // The data loader's position, as JSON (independent of the world size).
   std::function<nlohmann::json()> data_state;
   std::function<void(const nlohmann::json&)> load_data_state;

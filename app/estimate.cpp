@@ -1,5 +1,7 @@
 #include "app/estimate.h"
 
+#include "core/config/param_groups.h"
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -62,6 +64,9 @@ struct Plan {
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
   std::string ac;
+  // optimizer.name = "Muon": the matrices Muon takes keep one fp32 state tensor, not two.
+  bool muon = false;
+  std::vector<std::string> param_groups;
 };
 
 struct Sizes {
@@ -72,6 +77,9 @@ struct Sizes {
   // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
   double tp_collectives = 0, act_bytes = 0, loss_bytes = 0, tp_sent = 0;
   double cp_sent = 0;  // context parallel: K/V all-gathers and their reduce-scatters
+  // optimizer.name = "Muon": the fp32 update rows each FSDP-sharded matrix all-gathers once
+  // per step (app/muon_layout.h), after the backward, so on the critical path.
+  double muon_gather = 0;
 };
 
 int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0); }
@@ -80,6 +88,14 @@ int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0
 Sizes size_plan(const Model& m, const Plan& pl) {
   Sizes s;
   const auto& params = m.params().all();
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Param& p : params) {
+    names.push_back(p.name);
+    shapes.push_back(p.model_shape());
+  }
+  const std::vector<OptimizerKind> kinds =
+      route_params(names, shapes, pl.muon, parse_param_groups(pl.param_groups));
   for (const ParamUnit& u : m.param_units()) {
     double unit_full[2] = {0, 0};
     for (int64_t i : u.params) {
@@ -92,7 +108,10 @@ Sizes size_plan(const Model& m, const Plan& pl) {
       const double local = static_cast<double>(chunk * row_numel);
       s.params += 4 * local;
       s.grads += 4 * local;
-      s.optim += 8 * local;
+      const bool muon = kinds[static_cast<size_t>(i)] == OptimizerKind::Muon;
+      s.optim += (muon ? 4 : 8) * local;
+      if (muon && pl.shard > 1 && p.model_shape().size() == 2)
+        s.muon_gather += static_cast<double>(group - 1) * local * 4;
       unit_full[ex] += static_cast<double>(group * chunk * row_numel);
       if (pl.shard > 1) {
         const double passes = u.block >= 0 && pl.reshard ? 2 : 1;  // forward (+ regather)
@@ -190,6 +209,8 @@ Plan make_plan(const JobConfig& cfg, int64_t world) {
   pl.reduce_bytes = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   pl.reshard = cfg.parallelism.fsdp_reshard_after_forward != "never";
   pl.ac = cfg.activation_checkpoint.mode;
+  pl.muon = cfg.optimizer.name == "Muon";
+  pl.param_groups = cfg.optimizer.param_groups;
   return pl;
 }
 
@@ -389,7 +410,9 @@ double print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
   print_gib(pl.tp > 1 ? "parameters (fp32, tp slices, FSDP shards)" : "parameters (fp32 shards)",
             s.params);
   print_gib("gradients (fp32)", s.grads);
-  print_gib("AdamW state (fp32 exp_avg, exp_avg_sq)", s.optim);
+  print_gib(pl.muon ? "optimizer state (fp32: Muon momentum, AdamW exp_avg + exp_avg_sq)"
+                    : "AdamW state (fp32 exp_avg, exp_avg_sq)",
+            s.optim);
   print_gib("bf16 weight casts (unsharded runs)", casts);
   print_gib("FSDP root units (gathered all step)", root);
   print_gib("FSDP gathered block + prefetch + its gradients", gathered);
@@ -455,12 +478,16 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
   const double tp_s = s.tp_sent / g.intra_bytes_s + s.cp_sent / cp_bw;
   // FSDP's collectives overlap compute; the tensor- and context-parallel ones sit on the
   // critical path (the attention waits for the gathered keys and values).
-  const double step_s = std::max(compute_s, comm_s) + tp_s;
+  const double step_s = std::max(compute_s, comm_s) + tp_s + s.muon_gather / bw;
   std::printf("compute: %.4g FLOPs/token, %.4g tokens per dp rank per step, %.4g FLOPs per rank\n",
               fpt, tokens, rank_flops);
   std::printf("bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
               "all-reduce %.4g, tensor parallel %.4g\n",
               s.gather, s.reduce, s.replicate, s.tp_sent);
+  if (pl.muon)
+    std::printf("Muon per step: %.4g bytes sent gathering FSDP-sharded matrices' updates whole "
+                "(fp32, after the backward; tensor-parallel gathers not counted)\n",
+                s.muon_gather);
   if (pl.cp > 1)
     std::printf(
         "context parallel per step: %.4g bytes sent (K/V all-gathers and their "

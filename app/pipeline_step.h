@@ -103,7 +103,7 @@ class PipelineTraining {
 // the pipeline group for the gradient norm.
 class PipelineStepPhases : public StepPhases {
  public:
-  PipelineStepPhases(PipelineTraining& pipeline, Model& model, AdamW& opt, GradSync* sync,
+  PipelineStepPhases(PipelineTraining& pipeline, Model& model, Optimizer& opt, GradSync* sync,
                      const StepObjective& objective, const StepTestHooks& hooks = {})
       : StepPhases(model, opt, sync, objective, hooks), pipeline_(pipeline) {}
   at::Tensor forward_backward(const std::vector<MicroBatch>& micro) override {

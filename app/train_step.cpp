@@ -109,7 +109,7 @@ StepResult run_step(StepPhases& phases, const std::vector<MicroBatch>& micro,
   return run_step(phases, micro, d, eager);
 }
 
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+StepResult train_step(Model& model, Optimizer& opt, const std::vector<MicroBatch>& micro,
                       const StepObjective& objective, const StepDrivers& d, GradSync* sync,
                       const StepTestHooks& hooks) {
   PlainStepPhases phases(model, opt, sync, objective, hooks);

@@ -70,7 +70,7 @@ class StepInputs {
 // exists once (StepPhases::optimizer) over the parameters and norm group they name.
 class StepPhases {
  public:
-  StepPhases(Model& model, AdamW& opt, GradSync* sync, const StepObjective& objective,
+  StepPhases(Model& model, Optimizer& opt, GradSync* sync, const StepObjective& objective,
              const StepTestHooks& hooks = {})
       : model_(model), opt_(opt), sync_(sync), objective_(objective), hooks_(hooks) {}
   virtual ~StepPhases() = default;
@@ -89,7 +89,7 @@ class StepPhases {
   at::Tensor optimizer();
 
   Model& model() { return model_; }
-  AdamW& opt() { return opt_; }
+  Optimizer& opt() { return opt_; }
   const StepObjective& objective() const { return objective_; }
   void set_objective(const StepObjective& o) { objective_ = o; }
 
@@ -101,7 +101,7 @@ class StepPhases {
   virtual void reduce_norm_sq_beyond_sync(at::Tensor&) {}
 
   Model& model_;
-  AdamW& opt_;
+  Optimizer& opt_;
   GradSync* sync_;
   StepObjective objective_;
   StepTestHooks hooks_;
@@ -143,7 +143,7 @@ StepResult run_step(StepPhases& phases, const std::vector<MicroBatch>& micro, co
 StepResult run_step(StepPhases& phases, const std::vector<MicroBatch>& micro, const StepDrivers& d);
 
 // The whole model's eager step: run_step over PlainStepPhases (the parity tests' entry).
-StepResult train_step(Model& model, AdamW& opt, const std::vector<MicroBatch>& micro,
+StepResult train_step(Model& model, Optimizer& opt, const std::vector<MicroBatch>& micro,
                       const StepObjective& objective, const StepDrivers& d,
                       GradSync* sync = nullptr, const StepTestHooks& hooks = {});
 

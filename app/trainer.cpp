@@ -319,16 +319,23 @@ void Trainer::load_hf_init() {
 }
 
 void Trainer::setup_optimizer() {
-  std::vector<bool> decay;
   const bool decay_all = cfg_.optimizer.weight_decay_scope == "all";  // torchtitan's rule
-  std::vector<at::Tensor> params;
+  std::vector<OptParam> params;
+  std::vector<OptimizerKind> kinds;
   const auto& all = model_->params().all();
+  // Routed over the whole model, so a param_groups entry for another stage's parameters is
+  // not "matching nothing" here.
+  const std::vector<OptimizerKind> routed = route_model(*model_, cfg_.optimizer);
   for (size_t i = 0; i < all.size(); ++i) {
     if (all[i].value.is_meta()) continue;  // another pipeline stage's
-    params.push_back(all[i].value);
-    decay.push_back(decay_all || all[i].weight_decay);
+    params.push_back({all[i].name, all[i].value, decay_all || all[i].weight_decay,
+                      all[i].model_shape(), static_cast<int64_t>(i)});
+    kinds.push_back(routed[i]);
   }
-  opt_ = std::make_unique<AdamW>(params, decay, cfg_.optimizer);
+  // Muon gathers split matrices whole (app/muon_layout.h).
+  if (cfg_.optimizer.name == "Muon")
+    muon_layout_ = std::make_unique<ShardedMatrixLayout>(*model_, sharded_.get());
+  opt_ = std::make_unique<Optimizer>(params, kinds, cfg_.optimizer, muon_layout_.get());
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
   profiler_ =
@@ -403,12 +410,14 @@ void Trainer::log_plan() const {
              (layout == "single process" ? std::string() : "; each stage: " + layout);
   log_info("=> world_size = " + std::to_string(launch_.world_size) + " (" + launch_.source +
            "), dp = " + std::to_string(d_.dp_degree) + ": " + layout);
-  const int64_t mine = local_state_bytes(*model_, *opt_), whole = full_state_bytes(*model_);
+  const int64_t mine = local_state_bytes(*model_, *opt_),
+                whole = full_state_bytes(*model_, cfg_.optimizer);
   std::ostringstream os;
   os.precision(4);
-  os << "=> memory: parameters + AdamW state on this rank " << mine / 1048576.0 << " MiB of "
-     << whole / 1048576.0 << " MiB for the whole model (ratio "
-     << static_cast<double>(mine) / static_cast<double>(whole) << ")";
+  os << "=> memory: parameters + " << (cfg_.optimizer.name == "Muon" ? "Muon + AdamW" : "AdamW")
+     << " state on this rank " << mine / 1048576.0 << " MiB of " << whole / 1048576.0
+     << " MiB for the whole model (ratio " << static_cast<double>(mine) / static_cast<double>(whole)
+     << ")";
   log_info(os.str());
   log_info("=> global_batch_size = " + std::to_string(d_.global_batch) +
            ", grad_accum_steps = " + std::to_string(d_.grad_accum_steps) +

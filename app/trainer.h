@@ -11,6 +11,7 @@
 #include "app/checkpointer.h"
 #include "app/compiled_step.h"
 #include "app/data_setup.h"
+#include "app/muon_layout.h"
 #include "app/pipeline_step.h"
 #include "app/preemption.h"
 #include "app/train_step.h"
@@ -119,7 +120,8 @@ class Trainer {
   int64_t tp_ = 1;       // parallelism.tensor_parallel_degree
   int64_t cp_ = 1;       // parallelism.context_parallel_degree
   int64_t dp_rank_ = 0;  // this rank's data shard (the global rank / (cp x tp))
-  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<ShardedMatrixLayout> muon_layout_;  // optimizer.name = "Muon" only
+  std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<LRSchedule> sched_;
 
   StepInputs inputs_;                              // the step's persistent input buffers

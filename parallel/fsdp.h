@@ -87,6 +87,10 @@ class FullyShardedDataParallel : public GradSync {
 
   // The whole of parameter i (fp32, on every rank of its group): a collective, for exports.
   at::Tensor full_param(int64_t i);
+  // The whole rows of a tensor laid out like parameter i's shard (its padded rows), gathered
+  // over i's shard group only (not the expert-parallel ranks): a collective, no autograd.
+  // Muon gathers its update with it to orthogonalize whole matrices (app/muon_layout.h).
+  at::Tensor gather_rows(int64_t i, const at::Tensor& local);
   // Human-readable layout for the startup log.
   std::string describe() const;
   int64_t num_units() const;
@@ -139,8 +143,8 @@ class FullyShardedDataParallel : public GradSync {
   at::Tensor f8_scales_;  // (slots) fp32
 };
 
-// Bytes of parameters and AdamW state held by this rank (what sharding divides).
-int64_t local_state_bytes(const Model& model, AdamW& opt);
+// Bytes of parameters and optimizer state held by this rank (what sharding divides).
+int64_t local_state_bytes(const Model& model, Optimizer& opt);
 // The same for the whole model, unsharded (fp32 parameters + exp_avg + exp_avg_sq).
 int64_t full_state_bytes(const Model& model);
 

@@ -19,6 +19,7 @@
 #include "core/base/errors.h"
 #include "core/base/strings.h"
 #include "core/config/config_detail.h"
+#include "core/config/param_groups.h"
 
 namespace titan {
 namespace config_detail {
@@ -594,8 +595,36 @@ bool float8_linear_enabled(const JobConfig& cfg) {
          std::find(c.begin(), c.end(), "quantize.linear.float8") != c.end();
 }
 
+// Muon's keys: three Newton-Schulz coefficients, well-formed param_groups, and no Muon key
+// changed while another optimizer runs (it would be silently ignored).
+static void validate_optimizer(const OptimizerSection& o) {
+  if (o.muon_ns_coefficients.size() != 3)
+    throw UserError("optimizer.muon_ns_coefficients has " +
+                    std::to_string(o.muon_ns_coefficients.size()) +
+                    " values; allowed: exactly 3, (a, b, c) of the quintic Newton-Schulz step, "
+                    "e.g. [3.4445, -4.7750, 2.0315]");
+  parse_param_groups(o.param_groups);  // throws on a malformed entry
+  if (o.name == "Muon") return;
+  const OptimizerSection d = default_config().optimizer;
+  auto refuse = [&](const char* key, bool changed) {
+    if (changed)
+      throw UserError(std::string("optimizer.") + key + " is set but optimizer.name = \"" + o.name +
+                      "\"; allowed: Muon's keys with optimizer.name = \"Muon\" only");
+  };
+  refuse("param_groups", !o.param_groups.empty());
+  refuse("muon_lr", o.muon_lr != d.muon_lr);
+  refuse("muon_weight_decay", o.muon_weight_decay != d.muon_weight_decay);
+  refuse("muon_momentum", o.muon_momentum != d.muon_momentum);
+  refuse("muon_enable_nesterov", o.muon_enable_nesterov != d.muon_enable_nesterov);
+  refuse("muon_ns_coefficients", o.muon_ns_coefficients != d.muon_ns_coefficients);
+  refuse("muon_ns_steps", o.muon_ns_steps != d.muon_ns_steps);
+  refuse("muon_eps", o.muon_eps != d.muon_eps);
+  refuse("muon_adjust_lr_fn", o.muon_adjust_lr_fn != d.muon_adjust_lr_fn);
+}
+
 void validate_config(const JobConfig& cfg) {
   validate_float8(cfg);
+  validate_optimizer(cfg.optimizer);
   const auto& p = cfg.parallelism;
   if (p.data_parallel_shard_degree == 0)
     throw UserError(

@@ -44,6 +44,19 @@ struct OptimizerSection {
   double weight_decay = 0;
   std::string weight_decay_scope;  // "matrices" (ours) or "all" (torchtitan's)
   std::string implementation;
+  // Muon (name = "Muon"): torch.optim.Muon's arguments for the matrices it optimizes; the
+  // keys above stay AdamW's, for the parameters AdamW keeps (docs/training.md).
+  double muon_lr = 0;
+  double muon_weight_decay = 0;
+  double muon_momentum = 0;
+  bool muon_enable_nesterov = true;
+  std::vector<double> muon_ns_coefficients;  // (a, b, c) of the quintic Newton-Schulz step
+  int64_t muon_ns_steps = 0;
+  double muon_eps = 0;
+  std::string muon_adjust_lr_fn;  // original, match_rms_adamw or spectral_unclamped
+  // "REGEX=AdamW" or "REGEX=Muon": the first entry whose regex is found in a parameter's
+  // name picks its optimizer, before the default routing (core/config/param_groups.h).
+  std::vector<std::string> param_groups;
 };
 
 struct LRSchedulerSection {

@@ -139,7 +139,10 @@ void model_options(std::vector<Option>& out) {
 
 void optimizer_options(std::vector<Option>& out) {
   SectionDefs<OptimizerSection> s("optimizer", &JobConfig::optimizer, out);
-  s.add("name", &OptimizerSection::name, "AdamW", "Optimizer").choices({"AdamW"});
+  s.add("name", &OptimizerSection::name, "AdamW",
+        "Optimizer: AdamW for every parameter, or Muon for the weight matrices with AdamW for "
+        "the embeddings, norms, biases and output head (docs/training.md)")
+      .choices({"AdamW", "Muon"});
   s.add("lr", &OptimizerSection::lr, 8e-4, "Peak learning rate").range(0.0, kNoMax);
   s.add("beta1", &OptimizerSection::beta1, 0.9, "AdamW first-moment decay").range(0.0, 1.0);
   s.add("beta2", &OptimizerSection::beta2, 0.95, "AdamW second-moment decay").range(0.0, 1.0);
@@ -154,6 +157,34 @@ void optimizer_options(std::vector<Option>& out) {
   s.add("implementation", &OptimizerSection::implementation, "fused",
         "AdamW kernel: fused (one multi-tensor kernel) or for-loop")
       .choices({"fused", "foreach", "for-loop"});
+  s.add("muon_lr", &OptimizerSection::muon_lr, 1e-3,
+        "Muon's peak learning rate (torch.optim.Muon's lr); the lr schedule scales it as it "
+        "scales optimizer.lr")
+      .range(0.0, kNoMax);
+  s.add("muon_weight_decay", &OptimizerSection::muon_weight_decay, 0.1,
+        "Muon's decoupled weight decay, applied to every matrix Muon optimizes")
+      .range(0.0, kNoMax);
+  s.add("muon_momentum", &OptimizerSection::muon_momentum, 0.95, "Muon's momentum factor")
+      .range(0.0, 1.0);
+  s.add("muon_enable_nesterov", &OptimizerSection::muon_enable_nesterov, true,
+        "Muon orthogonalizes the Nesterov look-ahead g + momentum (buf - g) instead of buf");
+  s.add("muon_ns_coefficients", &OptimizerSection::muon_ns_coefficients,
+        Floats{3.4445, -4.7750, 2.0315},
+        "The three coefficients (a, b, c) of Muon's quintic Newton-Schulz iteration");
+  s.add("muon_ns_steps", &OptimizerSection::muon_ns_steps, 5,
+        "Newton-Schulz iterations per Muon step (torch.optim.Muon allows 1 to 99)")
+      .range(1.0, 99.0);
+  s.add("muon_eps", &OptimizerSection::muon_eps, 1e-7,
+        "Floor of the norm that scales a matrix before Newton-Schulz")
+      .range(0.0, kNoMax);
+  s.add("muon_adjust_lr_fn", &OptimizerSection::muon_adjust_lr_fn, "original",
+        "Muon's lr per matrix of shape (A, B): original lr sqrt(max(1, A/B)), match_rms_adamw "
+        "lr 0.2 sqrt(max(A, B)), spectral_unclamped lr sqrt(A/B)")
+      .choices({"original", "match_rms_adamw", "spectral_unclamped"});
+  s.add("param_groups", &OptimizerSection::param_groups, Strings{},
+        "With optimizer.name = \"Muon\": entries \"REGEX=AdamW\" or \"REGEX=Muon\"; the first "
+        "entry whose regex is found in a parameter's name picks its optimizer, before the "
+        "default routing. An entry matching no parameter exits 2");
 }
 
 void lr_scheduler_options(std::vector<Option>& out) {

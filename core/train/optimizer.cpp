@@ -139,3 +139,101 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
 }
 
 }  // namespace titan
+
+namespace titan {
+
+Optimizer::Optimizer(std::vector<at::Tensor> params, std::vector<bool> decay,
+                     const OptimizerSection& cfg)
+    : cfg_(cfg) {
+  std::vector<OptParam> ps;
+  for (size_t i = 0; i < params.size(); ++i)
+    ps.push_back({"", params[i], static_cast<bool>(decay[i]), params[i].sizes().vec(),
+                  static_cast<int64_t>(i)});
+  build(ps, std::vector<OptimizerKind>(ps.size(), OptimizerKind::AdamW), nullptr);
+}
+
+Optimizer::Optimizer(const std::vector<OptParam>& params, const OptimizerSection& cfg,
+                     MatrixLayout* layout)
+    : cfg_(cfg) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (auto& p : params) {
+    names.push_back(p.name);
+    shapes.push_back(p.whole_shape);
+  }
+  build(params,
+        route_params(names, shapes, cfg.name == "Muon", parse_param_groups(cfg.param_groups)),
+        layout);
+}
+
+Optimizer::Optimizer(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+                     const OptimizerSection& cfg, MatrixLayout* layout)
+    : cfg_(cfg) {
+  TORCH_CHECK(kinds.size() == params.size(), "Optimizer: one kind per parameter");
+  build(params, kinds, layout);
+}
+
+void Optimizer::build(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+                      MatrixLayout* layout) {
+  std::vector<at::Tensor> a, m;
+  std::vector<bool> decay;
+  std::vector<int64_t> ids;
+  std::vector<std::vector<int64_t>> whole;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params_.push_back(params[i].value);
+    if (kinds[i] == OptimizerKind::Muon) {
+      where_.push_back({OptimizerKind::Muon, m.size()});
+      m.push_back(params[i].value);
+      ids.push_back(params[i].index);
+      whole.push_back(params[i].whole_shape);
+    } else {
+      where_.push_back({OptimizerKind::AdamW, a.size()});
+      a.push_back(params[i].value);
+      decay.push_back(params[i].decay);
+    }
+  }
+  adamw_ = std::make_unique<AdamW>(a, decay, cfg_);  // possibly empty: holds the lr tensor
+  if (!m.empty()) muon_ = std::make_unique<Muon>(m, ids, whole, MuonArgs::from(cfg_), layout);
+}
+
+void Optimizer::set_lr(double lr) {
+  adamw_->set_lr(lr);
+  // The schedule's factor lr / optimizer.lr applied to Muon's peak; a zero peak keeps Muon
+  // at zero as the schedule keeps AdamW.
+  if (muon_) muon_->set_lr(cfg_.lr > 0 ? lr / cfg_.lr * cfg_.muon_lr : 0.0);
+}
+
+void Optimizer::step() {
+  adamw_->step();
+  if (muon_) muon_->step();
+}
+
+void Optimizer::zero_grad() {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params_)
+    if (p.grad().defined()) grads.push_back(p.mutable_grad());
+  if (!grads.empty()) at::_foreach_zero_(grads);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Optimizer::param_state(size_t slot) {
+  auto [kind, k] = where_[slot];
+  if (kind == OptimizerKind::Muon) return {{"momentum_buffer", muon_->momentum_buffer()[k]}};
+  return {{"exp_avg", adamw_->exp_avg()[k]}, {"exp_avg_sq", adamw_->exp_avg_sq()[k]}};
+}
+
+at::Tensor Optimizer::step_count(size_t slot) {
+  auto [kind, k] = where_[slot];
+  return kind == OptimizerKind::AdamW ? adamw_->steps()[k] : at::Tensor();
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t b = 0;
+  auto bytes = [](const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); };
+  for (auto& t : adamw_->exp_avg()) b += bytes(t);
+  for (auto& t : adamw_->exp_avg_sq()) b += bytes(t);
+  if (muon_)
+    for (auto& t : muon_->momentum_buffer()) b += bytes(t);
+  return b;
+}
+
+}  // namespace titan

@@ -9,9 +9,14 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/config/param_groups.h"
+#include "core/train/muon.h"
 
 namespace titan {
 
@@ -47,14 +52,71 @@ class AdamW {
                     std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
                     std::vector<at::Tensor>& s, double wd) const;
   // optimizer.implementation = "for-loop": one parameter at a time (a reference).
-  void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
-                 std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                 std::vector<at::Tensor>& s, double wd) const;
+  void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g, std::vector<at::Tensor>& m,
+                 std::vector<at::Tensor>& v, std::vector<at::Tensor>& s, double wd) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
-  at::Tensor lr_;  // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
+  at::Tensor lr_;       // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
   double host_lr_ = 0;  // what set_lr wrote; only the for-loop reference reads it
   std::vector<size_t> decay_idx_, no_decay_idx_;
+  OptimizerSection cfg_;
+};
+
+// A parameter as the optimizer sees it: its local tensor and what routes it.
+struct OptParam {
+  std::string name;                  // torchtitan's fully qualified name
+  at::Tensor value;                  // the local tensor (a slice under FSDP or tensor parallelism)
+  bool decay = true;                 // AdamW: in the weight-decay group
+  std::vector<int64_t> whole_shape;  // before any parallelism cut it (Param::model_shape)
+  int64_t index = -1;                // in the model's ParamStore (for a MatrixLayout)
+};
+
+// The one optimizer step the train step drives: members per parameter group, each with its
+// own state (docs/training.md, "Muon"). optimizer.name = "AdamW": one AdamW member for every
+// parameter; "Muon": a Muon member for the matrices the routing gives it
+// (core/config/param_groups.h) and an AdamW member for the rest. Slots are the parameters in
+// the order given; checkpoints and the pipeline address state by slot.
+class Optimizer {
+ public:
+  // Every parameter on AdamW (the tests' and the plain form).
+  Optimizer(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg);
+  // Routed by cfg.name and cfg.param_groups; a group rule matching nothing throws UserError.
+  // `layout` gathers split matrices for Muon (null: nothing is split).
+  Optimizer(const std::vector<OptParam>& params, const OptimizerSection& cfg, MatrixLayout* layout);
+  // With the routing done by the caller (kinds[i] for params[i]): a pipeline rank routes the
+  // whole model, so that a rule matching only another stage's parameters is not refused.
+  Optimizer(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+            const OptimizerSection& cfg, MatrixLayout* layout);
+  // The schedule's lr (for optimizer.lr); Muon gets it scaled by muon_lr / optimizer.lr.
+  // Written into device tensors, never read back (capture-ready, as AdamW::set_lr).
+  void set_lr(double lr);
+  void step();
+  void step(double lr) {
+    set_lr(lr);
+    step();
+  }
+  void zero_grad();
+  const std::vector<at::Tensor>& params() const { return params_; }
+  // AdamW's lr tensor (0-d, on the device): what its fused kernel reads.
+  const at::Tensor& lr_tensor() const { return adamw_->lr_tensor(); }
+
+  OptimizerKind kind(size_t slot) const { return where_[slot].first; }
+  // The slot's state tensors laid out like its parameter, with their checkpoint names:
+  // exp_avg and exp_avg_sq for AdamW, momentum_buffer for Muon.
+  std::vector<std::pair<std::string, at::Tensor>> param_state(size_t slot);
+  // AdamW's step count of the slot (0-d fp32); undefined for Muon (it has none).
+  at::Tensor step_count(size_t slot);
+  // Bytes of every state tensor on this rank (AdamW 8 per element, Muon 4).
+  int64_t state_bytes() const;
+  int64_t num_muon() const { return muon_ ? static_cast<int64_t>(muon_->params().size()) : 0; }
+
+ private:
+  void build(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
+             MatrixLayout* layout);
+  std::vector<at::Tensor> params_;
+  std::vector<std::pair<OptimizerKind, size_t>> where_;  // slot -> (member, index in it)
+  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<Muon> muon_;
   OptimizerSection cfg_;
 };
 

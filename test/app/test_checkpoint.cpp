@@ -272,19 +272,19 @@ TEST_CASE("checkpoint: an incompatible model config names the tensor and both sh
   Llama3 a(small, at::kCPU);
   a.init_weights(1);
   std::vector<bool> decay(a.params().all().size(), true);
-  AdamW opt_a(a.params().tensors(), decay, cfg.optimizer);
+  Optimizer opt_a(a.params().tensors(), decay, cfg.optimizer);
   Checkpointer ck(cfg, 0, 1);
   TrainingState sa{&a, &opt_a, {}, {}, 3, 0};
   ck.save(sa, false);
   Llama3 b(llama3_flavor("debugmodel"), at::kCPU);
-  AdamW opt_b(b.params().tensors(), decay, cfg.optimizer);
+  Optimizer opt_b(b.params().tensors(), decay, cfg.optimizer);
   TrainingState sb{&b, &opt_b, {}, {}, 0, 0};
   CHECK_THROWS_WITH(ck.load(sb), Contains("model/tok_embeddings.weight") &&
                                      Contains("[2048, 128]") && Contains("[2048, 256]"));
   // The same model loads, and restores step and parameters exactly.
   Llama3 c(small, at::kCPU);
   c.init_weights(77);
-  AdamW opt_c(c.params().tensors(), decay, cfg.optimizer);
+  Optimizer opt_c(c.params().tensors(), decay, cfg.optimizer);
   TrainingState sc{&c, &opt_c, {}, {}, 0, 0};
   CHECK_THAT(ck.load(sc), Contains("step-3"));
   CHECK(sc.step == 3);
@@ -330,7 +330,7 @@ TEST_CASE("checkpoint: skipped and damaged newest checkpoints are named", "[chec
   Llama3 a(small, at::kCPU);
   a.init_weights(1);
   std::vector<bool> decay(a.params().all().size(), true);
-  AdamW opt(a.params().tensors(), decay, cfg.optimizer);
+  Optimizer opt(a.params().tensors(), decay, cfg.optimizer);
   Checkpointer ck(cfg, 0, 1);
   for (int64_t step : {3, 5, 7}) {
     TrainingState s{&a, &opt, {}, {}, step, 0};

@@ -49,7 +49,7 @@ void check_same_losses(const std::string& a, const std::string& b) {
 
 struct Fixture {
   std::unique_ptr<Model> model;
-  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Optimizer> opt;
   std::vector<MicroBatch> micro;
   StepObjective obj;
   StepDrivers d;
@@ -65,7 +65,7 @@ Fixture make(const std::string& name, const std::string& backend) {
   f.model = build_model(cfg, at::kCPU);
   std::vector<bool> decay;
   for (auto& p : f.model->params().all()) decay.push_back(p.weight_decay);
-  f.opt = std::make_unique<AdamW>(f.model->params().tensors(), decay, cfg.optimizer);
+  f.opt = std::make_unique<Optimizer>(f.model->params().tensors(), decay, cfg.optimizer);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const int64_t V = f.model->info().vocab_size;
   for (int i = 0; i < 2; ++i)

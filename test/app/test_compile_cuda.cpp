@@ -17,7 +17,7 @@ namespace {
 
 struct Run {
   std::unique_ptr<Model> model;
-  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Optimizer> opt;
   StepInputs inputs;
 };
 
@@ -30,7 +30,7 @@ Run make_run(const std::string& name, bool bf16) {
   if (bf16) r.model->set_compute_dtype(at::kBFloat16);
   std::vector<bool> decay;
   for (auto& p : r.model->params().all()) decay.push_back(p.weight_decay);
-  r.opt = std::make_unique<AdamW>(r.model->params().tensors(), decay, cfg.optimizer);
+  r.opt = std::make_unique<Optimizer>(r.model->params().tensors(), decay, cfg.optimizer);
   return r;
 }
 

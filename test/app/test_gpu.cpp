@@ -97,7 +97,7 @@ TEST_CASE("gpu: a non-logging bf16 train step of llama3 and deepseek_v3 on group
     model->set_compute_dtype(at::kBFloat16);
     std::vector<bool> decay;
     for (auto& p : model->params().all()) decay.push_back(p.weight_decay);
-    AdamW opt(model->params().tensors(), decay, cfg.optimizer);
+    Optimizer opt(model->params().tensors(), decay, cfg.optimizer);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
     const int64_t V = model->info().vocab_size;
     std::vector<MicroBatch> micro;

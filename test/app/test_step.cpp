@@ -91,7 +91,7 @@ std::vector<MicroBatch> random_batches(int64_t n, int64_t B, int64_t T, int64_t 
 
 struct Setup {
   std::unique_ptr<Model> model;
-  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Optimizer> opt;
   std::vector<MicroBatch> micro;
   StepObjective obj;
   StepDrivers d;
@@ -105,7 +105,7 @@ Setup make_setup(const std::string& name) {
   s.model = build_model(cfg, at::kCPU);
   std::vector<bool> decay;
   for (auto& p : s.model->params().all()) decay.push_back(p.weight_decay);
-  s.opt = std::make_unique<AdamW>(s.model->params().tensors(), decay, cfg.optimizer);
+  s.opt = std::make_unique<Optimizer>(s.model->params().tensors(), decay, cfg.optimizer);
   s.micro = random_batches(2, 2, 32, s.model->info().vocab_size, 5);  // 2 micro-batches
   s.obj.global_tokens = 2 * 2 * 32;
   s.obj.max_norm = 1.0;

@@ -81,7 +81,7 @@ TEST_CASE("bench: training steps of a configurable model on random tokens", "[.t
   oc.weight_decay = 0.1;
   oc.weight_decay_scope = "all";
   oc.implementation = "fused";
-  AdamW opt(model->params().tensors(), decay, oc);
+  Optimizer opt(model->params().tensors(), decay, oc);
   const int64_t V = model->info().vocab_size;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   const int64_t rss_before = max_rss_kib();

@@ -93,7 +93,7 @@ void run_parity(const Llama3Args& a, const std::string& tag) {
   // Five optimizer steps through the trainer's own step function.
   std::vector<bool> decay;
   for (auto& p : model.params().all()) decay.push_back(p.weight_decay);
-  AdamW opt(model.params().tensors(), decay, oc);
+  Optimizer opt(model.params().tensors(), decay, oc);
   at::Tensor ref_loss = ref.get("loss"), ref_norm = ref.get("grad_norm");
   double worst_loss = 0;
   for (int64_t s = 0; s < steps; ++s) {
