@@ -206,6 +206,11 @@ void Trainer::setup_model() {
   // (or read from the Hugging Face folder) only their own rows: no rank ever holds the whole
   // model.
   model_ = build_model(cfg_, device_, /*defer_params=*/fsdp_ || tp_ > 1 || pp_ > 1);
+  model_->set_documents(model_document_options(cfg_, tokenizer_->eos_id()));  // docs/attention.md
+  if (const DocumentOptions& d = model_->documents(); d.active())
+    log_info(std::string("=> attention: ") + attn_mask_name(d.mask) + " (" + attn_type_name(d.type) +
+             "), documents end at EOS " + std::to_string(d.eos_id) + ", document positions " +
+             (d.positions ? "on" : "off") + ", document loss " + (d.loss ? "on" : "off"));
   if (cfg_.model.name == "llama3" && cfg_.model.flavor.rfind("hf:", 0) == 0) {
     const Llama3Args a = llama3_flavor(cfg_.model.flavor);
     const std::string match = llama3_matching_flavor(a);

@@ -58,8 +58,13 @@ const std::map<std::string, DeepSeekV3Args>& flavors() {
     debug.moe.score_before_experts = false;
     debug.mscale = 0.70;
     m["debugmodel"] = debug;
+    DeepSeekV3Args flex = debug;
+    flex.attn_type = AttnType::Flex;
+    flex.attn_mask = AttnMask::BlockCausal;
+    m["debugmodel_flex_attn"] = flex;
 
-    DeepSeekV3Args v2lite = debug;  // DeepSeek-V2-Lite sizes
+    // torchtitan 0.2.2 runs the three large flavors with flex attention, block-causal.
+    DeepSeekV3Args v2lite = flex;  // DeepSeek-V2-Lite sizes
     v2lite.vocab_size = 102400;
     v2lite.dim = 2048;
     v2lite.inter_dim = 10944;
@@ -109,7 +114,7 @@ const std::map<std::string, DeepSeekV3Args>& flavors() {
 }  // namespace
 
 std::vector<std::string> deepseek_v3_flavor_names() {
-  return {"debugmodel", "16B", "236B", "671B"};
+  return {"debugmodel", "debugmodel_flex_attn", "16B", "236B", "671B"};
 }
 
 DeepSeekV3Args deepseek_v3_flavor(const std::string& flavor) {
@@ -192,7 +197,8 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   const size_t iq = k, ikv = a.q_lora_rank == 0 ? k + 1 : k + 3;
   std::vector<at::Tensor> g = seq_gather_project(xn, {w[iq], w[ikv]});
   const int64_t T = g[0].size(1);  // under context parallelism this rank's T/cp tokens
-  const RopeTables rt = rope_rows(rope_, context_parallel(), T);
+  const Documents* docs = current_documents();
+  const RopeTables rt = rope_rows(rope_, context_parallel(), B, T, docs);
   // Queries: (B, T, H, nope + rope), RoPE on the rope part only.
   at::Tensor q = g[0];
   ++k;
@@ -210,9 +216,9 @@ at::Tensor DeepSeekV3::block(int64_t layer, const at::Tensor& x, const std::vect
   at::Tensor latent = rms_norm(kv.slice(-1, 0, a.kv_lora_rank), w[k++], a.norm_eps);
   at::Tensor kvb = project(latent, w[k++]).view({B, T, H, nope + a.v_head_dim});
   at::Tensor key = at::cat({kvb.slice(-1, 0, nope), k_pe.expand({B, T, H, rope})}, -1);
-  at::Tensor v = kvb.slice(-1, nope);                             // (B, T, H, v_head_dim)
+  at::Tensor v = kvb.slice(-1, nope);  // (B, T, H, v_head_dim)
   // Context parallel: key and v gathered over the cp ranks inside (B, T, H * v_head_dim).
-  at::Tensor attn = causal_attention(q, key, v, softmax_scale_, context_parallel());
+  at::Tensor attn = titan::attention(q, key, v, softmax_scale_, context_parallel(), docs);
   at::Tensor y = x + seq_project_reduce(attn, w[k++]);
   attention.reset();
   at::Tensor z = rms_norm(y, w[k++], a.norm_eps);

@@ -22,6 +22,9 @@ struct DeepSeekV3Args {
   int64_t n_heads = 16;
   double norm_eps = 1e-5;
   MoEArgs moe;
+  // torchtitan's attn_type / attn_mask_type (docs/attention.md).
+  AttnType attn_type = AttnType::Sdpa;
+  AttnMask attn_mask = AttnMask::Causal;
   // Multi-head Latent Attention
   int64_t q_lora_rank = 0;  // 0: a plain wq projection
   int64_t kv_lora_rank = 512;

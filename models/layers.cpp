@@ -45,13 +45,26 @@ RopeTables rope_tables_from_angles(const at::Tensor& angles, at::Device device) 
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
-  return ops::apply_rope(x, rope.cos, rope.sin);
+  if (!rope.per_token) return ops::apply_rope(x, rope.cos, rope.sin);
+  // (B, T, H, D) as one sequence of B * T tokens, each with its own table row.
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  return ops::apply_rope(x.reshape({1, B * T, H, D}), rope.cos, rope.sin).view({B, T, H, D});
 }
 
 RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local) {
   if (cp == nullptr) return rope;  // apply_rope reads rows 0..local-1
   const at::Tensor pos = cp->positions(local, rope.cos.device());
   return {rope.cos.index_select(0, pos), rope.sin.index_select(0, pos)};
+}
+
+RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t batch,
+                     int64_t local, const Documents* docs) {
+  if (docs == nullptr || !docs->positions.defined()) return rope_rows(rope, cp, local);
+  at::Tensor pos = cp != nullptr ? cp->shard(docs->positions) : docs->positions;  // (B, local)
+  TORCH_CHECK(pos.size(0) == batch && pos.size(1) == local, "rope_rows: positions ", pos.sizes(),
+              " for (", batch, ", ", local, ")");
+  pos = pos.reshape({-1});
+  return {rope.cos.index_select(0, pos), rope.sin.index_select(0, pos), /*per_token=*/true};
 }
 
 // Context parallel: this rank's queries against every rank's keys and values. The gathered
@@ -96,22 +109,24 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
-                         int64_t n_kv_heads, const RopeTables& rope_all,
-                         const ContextParallel* cp) {
+                         int64_t n_kv_heads, const RopeTables& rope_all, const ContextParallel* cp,
+                         bool use_rope, int64_t chunk) {
   ModuleScope scope("attention");
   at::Tensor attn = gqa_attention_core(project(h, wq), project(h, wk), project(h, wv), n_heads,
-                                       n_kv_heads, rope_all, cp);
+                                       n_kv_heads, rope_all, cp, use_rope, chunk);
   return project(attn, wo);
 }
 
 at::Tensor gqa_attention_core(const at::Tensor& q_flat, const at::Tensor& k_flat,
                               const at::Tensor& v_flat, int64_t n_heads, int64_t n_kv_heads,
-                              const RopeTables& rope_all, const ContextParallel* cp) {
+                              const RopeTables& rope_all, const ContextParallel* cp, bool use_rope,
+                              int64_t chunk) {
   const int64_t B = q_flat.size(0), T = q_flat.size(1);
   // The head dim is the RoPE table's; the head counts are the projections' widths, so a
   // tensor-parallel rank holding a slice of the heads (wq, wk, wv column-split) runs its own.
   const int64_t hd = 2 * rope_all.cos.size(1);
-  const RopeTables rope = rope_rows(rope_all, cp, T);
+  const Documents* docs = current_documents();
+  const RopeTables rope = rope_rows(rope_all, cp, B, T, docs);
   const int64_t heads = q_flat.size(2) / hd, kv_heads = k_flat.size(2) / hd;
   TORCH_CHECK(heads * hd == q_flat.size(2) && n_heads % heads == 0 && kv_heads > 0 &&
                   n_kv_heads % kv_heads == 0 && heads % kv_heads == 0,
@@ -120,9 +135,18 @@ at::Tensor gqa_attention_core(const at::Tensor& q_flat, const at::Tensor& k_flat
   at::Tensor q = q_flat.view({B, T, heads, hd});
   at::Tensor k = k_flat.view({B, T, kv_heads, hd});
   at::Tensor v = v_flat.view({B, T, kv_heads, hd});
-  q = apply_rope(q, rope);
-  k = apply_rope(k, rope);
-  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), cp);
+  if (use_rope) {
+    q = apply_rope(q, rope);
+    k = apply_rope(k, rope);
+  }
+  Documents chunked;
+  if (chunk > 0) {
+    // The whole sequence's length: under context parallelism this rank holds T / cp of it.
+    const int64_t T_global = cp != nullptr ? T * cp->size() : T;
+    chunked = chunked_documents(docs, B, T_global, chunk, q.device());
+    docs = &chunked;
+  }
+  return attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), cp, docs);
 }
 
 }  // namespace titan

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "core/train/context_parallel.h"
+#include "core/train/documents.h"
 #include "core/train/functional.h"
 
 namespace titan {
@@ -20,6 +21,9 @@ struct RopeScaling {
 // each, the real and imaginary parts of torchtitan's complex e^(i * t * freq) table.
 struct RopeTables {
   at::Tensor cos, sin;
+  // Per-document positions (rope_rows with documents): one row per token of a (B, T)
+  // sequence, (B * T, head_dim / 2), and apply_rope runs the B sequences as one of B * T.
+  bool per_token = false;
 };
 // The tables of angles (max_seq_len, head_dim / 2) fp32, on `device`.
 RopeTables rope_tables_from_angles(const at::Tensor& angles, at::Device device);
@@ -27,14 +31,18 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
                        const RopeScaling& scaling, at::Device device);
 
 // Rotates adjacent pairs (x[2i], x[2i+1]) of the last dim, as torchtitan's complex form does,
-// with the fused op of core/kernels/ops.h (one autograd node, no fp32 copy of x). x: (B, T, H, D), any
-// strides with unit stride in D; rows 0..T-1 of the tables are used. Math in fp32, returned
+// with the fused op of core/kernels/ops.h (one autograd node, no fp32 copy of x). x: (B, T, H, D),
+// any strides with unit stride in D; rows 0..T-1 of the tables are used. Math in fp32, returned
 // contiguous in x's dtype.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
 // The tables a sequence of `local` tokens reads: rows 0..local-1, or under context
 // parallelism (cp non-null) the rows of this rank's global positions.
 RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local);
+// The same with the forward's documents: when they carry per-document positions (B, T_global),
+// the rows of each token's position in its document (per_token tables, B * local rows).
+RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t batch,
+                     int64_t local, const Documents* docs);
 
 // Causal self-attention core. q: (B, T, H, Dqk), k: (B, T, Hkv, Dqk), v: (B, T, Hkv, Dv) ->
 // (B, T, H * Dv). Hkv divides H (grouped-query attention). Under context parallelism (cp
@@ -42,6 +50,21 @@ RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t 
 // queries attend them under the causal mask of the global positions.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const ContextParallel* cp = nullptr);
+
+// The attention entry point every family calls: the variant comes from `docs` (the
+// forward's documents, current_documents(); null or not block-causal: causal_attention).
+// Block-causal: a query attends only keys of its own document at or before it; the kernel is
+// picked by device (block_causal_attention); under context parallelism the chunks' masks
+// compare the global sequence's document ids. Shapes as causal_attention.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     const ContextParallel* cp, const Documents* docs);
+// Block-causal attention of one rank: q (B, T, H, Dqk), k (B, T, Hkv, Dqk), v (B, T, Hkv, Dv),
+// doc_ids (B, T) int64 -> (B, T, H * Dv). CPU: masked SDPA over static query tiles, each
+// against its causal key prefix. CUDA: variable-length flash attention over the packed
+// documents (bf16/fp16, head dim <= 256), else the memory-efficient kernel's varlen form; the
+// maximum length is fixed to T so capture sees static shapes.
+at::Tensor block_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& doc_ids, double scale);
 
 // Grouped-query self-attention of Llama-3 and Llama-4 blocks, from the normed input h
 // (B, T, D) to the output projection's result (B, T, D): q/k/v projections, RoPE on q and k,
@@ -52,13 +75,18 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor gqa_attention(const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
                          const at::Tensor& wv, const at::Tensor& wo, int64_t n_heads,
                          int64_t n_kv_heads, const RopeTables& rope,
-                         const ContextParallel* cp = nullptr);
+                         const ContextParallel* cp = nullptr, bool use_rope = true,
+                         int64_t chunk = 0);
 
+// use_rope false: no RoPE (Llama-4's NoPE layers). chunk > 0: queries attend only keys of
+// their own chunk of `chunk` global positions as well (Llama-4's chunked local attention),
+// run as block-causal attention over document ids refined by the chunk (chunked_documents).
 // gqa_attention between the projections: q_flat (B, T, H * hd), k_flat and v_flat
 // (B, T, Hkv * hd), the q/k/v projections' results -> (B, T, H * hd), wo's input. A
 // sequence-parallel block projects and gathers itself (Model::seq_gather_project).
 at::Tensor gqa_attention_core(const at::Tensor& q_flat, const at::Tensor& k_flat,
                               const at::Tensor& v_flat, int64_t n_heads, int64_t n_kv_heads,
-                              const RopeTables& rope, const ContextParallel* cp = nullptr);
+                              const RopeTables& rope, const ContextParallel* cp = nullptr,
+                              bool use_rope = true, int64_t chunk = 0);
 
 }  // namespace titan

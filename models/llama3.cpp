@@ -12,8 +12,8 @@
 namespace titan {
 
 double llama_out_std(int64_t layer, int64_t n_layers, bool depth_init) {
-  const double depth = depth_init ? 2.0 * static_cast<double>(layer + 1)
-                                  : 2.0 * static_cast<double>(n_layers);
+  const double depth =
+      depth_init ? 2.0 * static_cast<double>(layer + 1) : 2.0 * static_cast<double>(n_layers);
   return 0.02 / std::sqrt(depth);
 }
 
@@ -28,8 +28,8 @@ int64_t llama_ffn_hidden(int64_t dim, int64_t multiple_of, double ffn_dim_multip
   return multiple_of * ((h + multiple_of - 1) / multiple_of);
 }
 
-std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs& s,
-                                            int64_t layer, int64_t ffn_hidden, at::Device device) {
+std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs& s, int64_t layer,
+                                            int64_t ffn_hidden, at::Device device) {
   const std::string p = "layers." + std::to_string(layer) + ".";
   const int64_t hd = s.dim / s.n_heads;
   const InitSpec in = InitSpec::trunc_normal(0.02);
@@ -54,16 +54,20 @@ std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs&
 
 at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
                                     int64_t n_heads, int64_t n_kv_heads, double norm_eps,
-                                    const RopeTables& rope, const Model* sp) {
+                                    const RopeTables& rope, const Model* sp,
+                                    const IRopeLayer& irope) {
   at::Tensor h = rms_norm(x, w[0], norm_eps);
-  if (sp == nullptr) return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope);
+  if (sp == nullptr)
+    return x + gqa_attention(h, w[1], w[2], w[3], w[4], n_heads, n_kv_heads, rope, nullptr,
+                             irope.use_rope, irope.chunk);
   ModuleScope scope("attention");
   // The all-gather fused with the q/k/v GEMMs and wo's GEMM with the reduce-scatter
   // (Model::seq_gather_project; async tensor parallelism overlaps them).
   std::vector<at::Tensor> qkv = sp->seq_gather_project(h, {w[1], w[2], w[3]});
-  return x + sp->seq_project_reduce(gqa_attention_core(qkv[0], qkv[1], qkv[2], n_heads, n_kv_heads,
-                                                       rope, sp->context_parallel()),
-                                    w[4]);
+  return x + sp->seq_project_reduce(
+                 gqa_attention_core(qkv[0], qkv[1], qkv[2], n_heads, n_kv_heads, rope,
+                                    sp->context_parallel(), irope.use_rope, irope.chunk),
+                 w[4]);
 }
 
 namespace {
@@ -94,6 +98,16 @@ const std::map<std::string, Llama3Args>& flavors() {
     m["8B"] = big(4096, 32, 32, 1.3, 1024, 8, false);   // Llama-3.1 8B
     m["70B"] = big(8192, 80, 64, 1.3, 4096, 8, false);  // Llama-3.1 70B
     m["405B"] = big(16384, 126, 128, 1.2, 4096, 8, false);
+    // torchtitan's attention variants: the same sizes, block-causal.
+    auto variant = [](Llama3Args a, AttnType t) {
+      a.attn_type = t;
+      a.attn_mask = AttnMask::BlockCausal;
+      return a;
+    };
+    m["debugmodel_flex_attn"] = variant(debug, AttnType::Flex);
+    m["debugmodel_varlen_attn"] = variant(debug, AttnType::Varlen);
+    m["8B_flex"] = variant(m["8B"], AttnType::Flex);
+    m["8B_varlen"] = variant(m["8B"], AttnType::Varlen);
     return m;
   }();
   return f;
@@ -102,7 +116,16 @@ const std::map<std::string, Llama3Args>& flavors() {
 }  // namespace
 
 std::vector<std::string> llama3_flavor_names() {
-  return {"debugmodel", "1B", "3B", "8B", "70B", "405B"};
+  return {"debugmodel",
+          "debugmodel_flex_attn",
+          "debugmodel_varlen_attn",
+          "1B",
+          "3B",
+          "8B",
+          "8B_flex",
+          "8B_varlen",
+          "70B",
+          "405B"};
 }
 
 Llama3Args llama3_flavor(const std::string& flavor) {
@@ -129,8 +152,8 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
     output_ = P("output.weight", {a.vocab_size, a.dim}, true, llama_output_init(a.dim));
   rope_ = rope_tables(hd, a.max_seq_len, a.rope_theta, a.rope_scaling, device);
   for (const std::vector<int64_t>& idx : layers_)
-    add_block(idx,
-              [this](const at::Tensor& x, const std::vector<at::Tensor>& w) { return block(x, w); });
+    add_block(
+        idx, [this](const at::Tensor& x, const std::vector<at::Tensor>& w) { return block(x, w); });
 
   declare_tp_plan(a, ffn);
   info_ = base_info("llama3", a.vocab_size, a.max_seq_len, a.dim, a.n_layers);
@@ -141,8 +164,8 @@ Llama3::Llama3(const Llama3Args& a, at::Device device) : args_(a) {
 at::Tensor Llama3::block(const at::Tensor& x, const std::vector<at::Tensor>& w) const {
   // w: attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (compute form)
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank).
-  at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
-                                          rope_, this);
+  at::Tensor y =
+      llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps, rope_, this);
   ModuleScope scope("feed_forward");
   return y + seq_swiglu(rms_norm(y, w[5], args_.norm_eps), w[6], w[7], w[8]);
 }

@@ -25,6 +25,10 @@ struct LlamaArgs {
   RopeScaling rope_scaling;    // factor 1: none
   int64_t max_seq_len = 2048;  // the longest sequence a run may use (and the RoPE table's rows)
   bool depth_init = true;      // init std of output projections scales with layer depth
+  // torchtitan's attn_type / attn_mask_type (docs/attention.md); model.attn_mask_type
+  // overrides the mask.
+  AttnType attn_type = AttnType::Sdpa;
+  AttnMask attn_mask = AttnMask::Causal;
 };
 
 struct Llama3Args : LlamaArgs {
@@ -50,9 +54,16 @@ std::vector<int64_t> add_llama_block_params(ParamStore& params, const LlamaArgs&
 // The first half of a Llama block, x + attention(rms_norm(x)) (B, T, D); w[0..4] are
 // attention_norm, wq, wk, wv, wo in compute form. With `sp`, the attention input and output
 // cross the model's sequence-parallel boundaries (Model::seq_gather, seq_reduce).
+// Llama-4's iRoPE (`irope` non-null): a NoPE layer (no rope, global mask), or a RoPE
+// layer whose attention is also cut into chunks of `chunk` tokens.
+struct IRopeLayer {
+  bool use_rope = true;
+  int64_t chunk = 0;  // 0: not chunked
+};
 at::Tensor llama_attention_residual(const at::Tensor& x, const std::vector<at::Tensor>& w,
                                     int64_t n_heads, int64_t n_kv_heads, double norm_eps,
-                                    const RopeTables& rope, const Model* sp = nullptr);
+                                    const RopeTables& rope, const Model* sp = nullptr,
+                                    const IRopeLayer& irope = {});
 
 Llama3Args llama3_flavor(const std::string& flavor);  // throws UserError
 std::vector<std::string> llama3_flavor_names();

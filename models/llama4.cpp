@@ -53,6 +53,17 @@ const std::map<std::string, Llama4Args>& flavors() {
     };
     m["17bx16e"] = big(16, 1, true);     // Llama-4 Scout
     m["17bx128e"] = big(128, 2, false);  // Llama-4 Maverick
+    // torchtitan's iRoPE variants (flex attention, block-causal, NoPE every 4th layer).
+    auto irope = [](Llama4Args a, int64_t block) {
+      a.attn_type = AttnType::Flex;
+      a.attn_mask = AttnMask::BlockCausal;
+      a.every_n_layers_nope = 4;
+      a.fixed_attn_block_size = block;
+      return a;
+    };
+    m["debugmodel_irope"] = irope(debug, 256);
+    m["17bx16e_irope"] = irope(m["17bx16e"], 8192);
+    m["17bx128e_irope"] = irope(m["17bx128e"], 8192);
     return m;
   }();
   return f;
@@ -61,7 +72,8 @@ const std::map<std::string, Llama4Args>& flavors() {
 }  // namespace
 
 std::vector<std::string> llama4_flavor_names() {
-  return {"debugmodel", "17bx16e", "17bx128e"};
+  return {"debugmodel",    "debugmodel_irope", "17bx16e",
+          "17bx16e_irope", "17bx128e",         "17bx128e_irope"};
 }
 
 Llama4Args llama4_flavor(const std::string& flavor) {
@@ -87,9 +99,9 @@ Llama4::Llama4(const Llama4Args& a, at::Device device) : args_(a) {
     const bool moe = (l + 1) % a.interleave_moe_layer_step == 0;
     std::vector<int64_t> w = add_llama_block_params(params_, a, l, moe ? 0 : ffn, device);
     if (moe) {
-      moe_.push_back(std::make_unique<MoELayer>(a.moe, a.dim, expert_hidden,
-                                                "layers." + std::to_string(l) + ".moe.", params_,
-                                                device, llama_out_std(l, a.n_layers, a.depth_init)));
+      moe_.push_back(std::make_unique<MoELayer>(
+          a.moe, a.dim, expert_hidden, "layers." + std::to_string(l) + ".moe.", params_, device,
+          llama_out_std(l, a.n_layers, a.depth_init)));
       for (int64_t i : moe_.back()->param_indices()) w.push_back(i);
     } else {
       moe_.push_back(nullptr);
@@ -116,8 +128,13 @@ at::Tensor Llama4::block(int64_t layer, const at::Tensor& x, const std::vector<a
   // seq_gather / seq_reduce: the sequence-parallel boundaries (identities on one rank). The
   // MoE layer takes this rank's sequence shard (routed here, or under expert tensor
   // parallelism gathered inside the layer).
+  IRopeLayer irope;
+  if (args_.every_n_layers_nope > 0) {
+    irope.use_rope = layer % args_.every_n_layers_nope != 0;
+    irope.chunk = irope.use_rope ? args_.fixed_attn_block_size : 0;
+  }
   at::Tensor y = llama_attention_residual(x, w, args_.n_heads, args_.n_kv_heads, args_.norm_eps,
-                                          rope_, this);
+                                          rope_, this, irope);
   at::Tensor z = rms_norm(y, w[5], args_.norm_eps);
   if (MoELayer* m = moe_layer(layer))
     return y + m->forward(z, std::vector<at::Tensor>(w.begin() + 6, w.end()), moe_mode(layer));

@@ -1,7 +1,7 @@
 // Llama-4 (text, MoE): Llama-3 blocks whose feed-forward is a Mixture-of-Experts layer every
 // interleave_moe_layer_step layers (sigmoid top-1 routing, one shared expert, scores applied
-// before the experts). Attention is Llama-3's: no chunked attention, iRoPE or QK-norm
-// (docs/models.md).
+// before the experts). Attention is Llama-3's, with torchtitan's iRoPE where the flavor sets
+// every_n_layers_nope (docs/attention.md); no QK-norm (docs/models.md).
 #pragma once
 
 #include <string>
@@ -13,10 +13,15 @@
 
 namespace titan {
 
-struct Llama4Args : LlamaArgs {  // rope_scaling: none unless a flavor sets it
+struct Llama4Args : LlamaArgs {           // rope_scaling: none unless a flavor sets it
   int64_t interleave_moe_layer_step = 2;  // layer l is MoE when (l + 1) % step == 0
   bool auto_scale_hidden_dim = true;      // expert hidden / (top_k + shared experts)
   MoEArgs moe;
+  // iRoPE (torchtitan's): with every_n_layers_nope = n > 0, layers l with l % n == 0 use no
+  // RoPE and the model's mask; the others RoPE and the mask cut into chunks of
+  // fixed_attn_block_size tokens (chunked local attention). 0: every layer RoPE, unchunked.
+  int64_t every_n_layers_nope = 0;
+  int64_t fixed_attn_block_size = 8192;
 };
 
 // Hidden size of the routed and shared experts (torchtitan's rule): int(2 * 4 * dim / 3),

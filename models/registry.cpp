@@ -23,6 +23,28 @@ int64_t model_vocab_size(const JobConfig& cfg) {
                   "\" is not a model; allowed: llama3, llama4, deepseek_v3");
 }
 
+DocumentOptions model_document_options(const JobConfig& cfg, int64_t eos_id) {
+  DocumentOptions o;
+  if (cfg.model.name == "llama3") {
+    const Llama3Args a = llama3_flavor(cfg.model.flavor);
+    o.mask = a.attn_mask, o.type = a.attn_type;
+  } else if (cfg.model.name == "llama4") {
+    const Llama4Args a = llama4_flavor(cfg.model.flavor);
+    o.mask = a.attn_mask, o.type = a.attn_type;
+  } else if (cfg.model.name == "deepseek_v3") {
+    const DeepSeekV3Args a = deepseek_v3_flavor(cfg.model.flavor);
+    o.mask = a.attn_mask, o.type = a.attn_type;
+  }
+  if (cfg.model.attn_mask_type != "flavor")
+    o.mask = parse_attn_mask(cfg.model.attn_mask_type, "model.attn_mask_type");
+  if (cfg.model.attn_type != "flavor")
+    o.type = parse_attn_type(cfg.model.attn_type, "model.attn_type");
+  o.positions = cfg.model.document_positions;
+  o.loss = cfg.model.document_loss;
+  o.eos_id = eos_id;
+  return o;
+}
+
 std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool defer_params) {
   DeferParams defer(defer_params);
   std::unique_ptr<Model> m;

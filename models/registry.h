@@ -19,6 +19,10 @@ namespace titan {
 // init_weights(cfg.debug.seed) (parallel/fsdp.h). Buffers are allocated as usual.
 std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device,
                                    bool defer_params = false);
+// What the configured model does with packed documents: the flavor's attn_mask_type and
+// attn_type unless model.attn_mask_type / model.attn_type override them, and the
+// model.document_* keys; eos_id is the tokenizer's. Throws UserError naming a bad key.
+DocumentOptions model_document_options(const JobConfig& cfg, int64_t eos_id);
 // The vocabulary of the configured flavor, without building the model (data checks).
 int64_t model_vocab_size(const JobConfig& cfg);
 // Flavor names of a family, for messages and docs.

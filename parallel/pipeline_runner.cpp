@@ -130,12 +130,12 @@ void PipelineRunner::forward(const Action& a, const std::vector<MicroBatch>& mic
   at::Tensor h;
   {
     SplitBackwardForward split(split_);  // linear layers whose grad_w can wait for a W
-    h = model_.forward_stage(in, spec.has_embeddings, spec.first_layer, spec.end_layer);
+    h = model_.forward_stage(in, spec.has_embeddings, spec.first_layer, spec.end_layer, mb.tokens);
   }
   at::Tensor aux = model_.aux_loss();  // this forward's MoE layers only
   at::Tensor aux_term = aux.defined() ? aux / aux_div : at::Tensor();
   if (spec.has_head) {
-    at::Tensor loss = model_.head_loss_sum(h, mb.labels) / global_tokens;
+    at::Tensor loss = model_.head_loss_sum(h, mb.labels, mb.tokens) / global_tokens;
     objective_[key] = aux_term.defined() ? loss + aux_term : loss;
     loss_ = loss_.defined() ? loss_ + loss.detach() : loss.detach();
   } else {

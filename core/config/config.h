@@ -33,6 +33,11 @@ struct ModelSection {
   std::string tokenizer_path;
   std::vector<std::string> converters;
   int64_t n_layers = 0;  // > 0: the flavor's layers replaced by this many (benchmarks)
+  // Packed documents (docs/attention.md). "flavor": the flavor's attn_mask_type / attn_type.
+  std::string attn_mask_type;
+  std::string attn_type;
+  bool document_positions = false;  // RoPE positions restart at 0 in each document
+  bool document_loss = false;       // an EOS input's label (the next document) is ignored
 };
 
 struct OptimizerSection {

@@ -135,6 +135,24 @@ void model_options(std::vector<Option>& out) {
         "\"quantize.grouped_mm.float8\" the MoE routed experts' grouped GEMMs "
         "([quantize.grouped_mm.float8])")
       .choices({"float8", "quantize.linear.float8", "quantize.grouped_mm.float8"});
+  s.add("attn_mask_type", &ModelSection::attn_mask_type, "flavor",
+        "Attention mask, overriding the flavor's (torchtitan's attn_mask_type): \"causal\" "
+        "attends every earlier token of the window; \"block_causal\" only earlier tokens of "
+        "the same document (the tokenizer's EOS ends one); \"flavor\": the flavor's "
+        "(docs/attention.md)")
+      .choices({"flavor", "causal", "block_causal"});
+  s.add("attn_type", &ModelSection::attn_type, "flavor",
+        "Attention kind, overriding the flavor's (torchtitan's attn_type); titan-train picks "
+        "the kernel per device from the mask, so sdpa, flex and varlen train alike "
+        "(docs/attention.md)")
+      .choices({"flavor", "sdpa", "flex", "varlen"});
+  s.add("document_positions", &ModelSection::document_positions, false,
+        "RoPE positions restart at 0 in each packed document (as torchtitan's main branch does "
+        "with block_causal); off: positions run over the whole window, as torchtitan 0.2.2");
+  s.add("document_loss", &ModelSection::document_loss, false,
+        "No loss across a document boundary: the label of an EOS input (the next document's "
+        "first token) is ignored (as torchtitan's main branch); the loss is still divided by "
+        "every token of the step");
 }
 
 void optimizer_options(std::vector<Option>& out) {

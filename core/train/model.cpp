@@ -208,7 +208,29 @@ at::Tensor Model::compute_weight(int64_t i) const {
   return c.cast;
 }
 
+void Model::set_documents(const DocumentOptions& o) {
+  TORCH_CHECK(!o.active() || o.eos_id >= 0, "set_documents: documents need the EOS id");
+  docs_ = o;
+}
+
+std::optional<Documents> Model::documents_of(const at::Tensor& tokens) const {
+  if (docs_.mask != AttnMask::BlockCausal && !docs_.positions) return std::nullopt;
+  TORCH_CHECK(tokens.defined(), "the model uses documents: a forward needs the tokens");
+  return documents_from_tokens(tokens, docs_.eos_id, docs_.mask == AttnMask::BlockCausal,
+                               docs_.positions);
+}
+
+at::Tensor Model::document_labels(const at::Tensor& tokens, const at::Tensor& labels) const {
+  if (!docs_.loss) return labels;
+  TORCH_CHECK(tokens.defined(), "per-document loss needs the tokens beside the labels");
+  return labels.masked_fill(tokens.eq(docs_.eos_id), -100);
+}
+
 at::Tensor Model::forward(const at::Tensor& tokens) {
+  // The documents are those of the whole sequences, before context parallelism cuts them:
+  // the masks compare global positions.
+  const std::optional<Documents> docs = documents_of(tokens);
+  DocumentsScope doc_scope(docs ? &*docs : nullptr);
   Head o = forward_head(cp_ ? cp_->shard(tokens) : tokens);
   at::Tensor logits = tp_ ? tp_->gather_last(at::linear(seq_gather(o.h), o.w))  // vocab joined
                           : at::linear(o.h, o.w);                               // (B, T, V)
@@ -221,23 +243,32 @@ Model::Head Model::forward_head(const at::Tensor& tokens) {
 }
 
 at::Tensor Model::forward_stage(const at::Tensor& input, bool embed, int64_t first_block,
-                                int64_t end_block) {
+                                int64_t end_block, const at::Tensor& tokens) {
   TORCH_CHECK(0 <= first_block && first_block <= end_block && end_block <= num_blocks(),
               "forward_stage: blocks [", first_block, ", ", end_block, ") of ", num_blocks());
+  // Every stage computes the documents from the micro-batch's tokens (a few device ops)
+  // rather than receiving them: the pipeline sends only hidden states.
+  const std::optional<Documents> docs = documents_of(embed ? input : tokens);
+  DocumentsScope doc_scope(docs ? &*docs : nullptr);
   begin_forward();
   if (!embed) return run_blocks(input, first_block, end_block);
   return run_blocks(forward_embed(cp_ ? cp_->shard(input) : input), first_block, end_block);
 }
 
-at::Tensor Model::head_loss_sum(const at::Tensor& h, const at::Tensor& labels) {
-  return loss_sum_of(forward_final(h), cp_ ? cp_->shard(labels) : labels);
+at::Tensor Model::head_loss_sum(const at::Tensor& h, const at::Tensor& labels,
+                                const at::Tensor& tokens) {
+  const at::Tensor l = document_labels(tokens, labels);
+  return loss_sum_of(forward_final(h), cp_ ? cp_->shard(l) : l);
 }
 
 at::Tensor Model::token_loss_sum(const at::Tensor& tokens, const at::Tensor& labels) {
   // Context parallel: this rank's tokens and their labels, the same cut (as forward_stage
   // and head_loss_sum cut a pipeline's).
-  if (cp_) return loss_sum_of(forward_head(cp_->shard(tokens)), cp_->shard(labels));
-  return loss_sum_of(forward_head(tokens), labels);
+  const std::optional<Documents> docs = documents_of(tokens);
+  DocumentsScope doc_scope(docs ? &*docs : nullptr);
+  const at::Tensor l = document_labels(tokens, labels);
+  if (cp_) return loss_sum_of(forward_head(cp_->shard(tokens)), cp_->shard(l));
+  return loss_sum_of(forward_head(tokens), l);
 }
 
 at::Tensor Model::loss_sum_of(const Head& o, const at::Tensor& labels) {
@@ -249,8 +280,8 @@ at::Tensor Model::loss_sum_of(const Head& o, const at::Tensor& labels) {
     VocabShard shard;
     shard.offset = tp->rank() * o.w.size(0);
     shard.allreduce = [tp](at::Tensor& t, bool max) { tp->allreduce(t, max); };
-    return fused_linear_cross_entropy(seq_gather(o.h), o.w, labels, 0,
-                                      LossBackward::kRecompute, &shard);
+    return fused_linear_cross_entropy(seq_gather(o.h), o.w, labels, 0, LossBackward::kRecompute,
+                                      &shard);
   }
   if (!fused_loss_) return titan::token_loss_sum(at::linear(o.h, o.w), labels);
   return fused_linear_cross_entropy(o.h, o.w, labels);
@@ -303,10 +334,14 @@ at::Tensor Model::seq_swiglu(const at::Tensor& x, const at::Tensor& w1, const at
 
 const char* tp_style_name(TpStyle s) {
   switch (s) {
-    case TpStyle::Column: return "column";
-    case TpStyle::Row: return "row";
-    case TpStyle::Vocab: return "vocab";
-    case TpStyle::Replicate: return "replicate";
+    case TpStyle::Column:
+      return "column";
+    case TpStyle::Row:
+      return "row";
+    case TpStyle::Vocab:
+      return "vocab";
+    case TpStyle::Replicate:
+      return "replicate";
     case TpStyle::ExpertColumn:
       return "expert-column";
     case TpStyle::ExpertRow:
@@ -320,10 +355,11 @@ void Model::add_block(std::vector<int64_t> params, BlockFn fn) {
   // Every run of the block (forward, and its recompute in backward) names its ops
   // "layers.<l>" for the capture check (docs/compile.md).
   const int64_t l = static_cast<int64_t>(block_fns_.size());
-  block_fns_.push_back([l, fn = std::move(fn)](const at::Tensor& h, const std::vector<at::Tensor>& w) {
-    ModuleScope scope("layers", l);
-    return fn(h, w);
-  });
+  block_fns_.push_back(
+      [l, fn = std::move(fn)](const at::Tensor& h, const std::vector<at::Tensor>& w) {
+        ModuleScope scope("layers", l);
+        return fn(h, w);
+      });
 }
 
 at::Tensor Model::run_blocks(at::Tensor h, int64_t first, int64_t end) const {
@@ -351,7 +387,8 @@ std::vector<ParamUnit> Model::param_units() const {
   std::vector<ParamUnit> units;
   ParamUnit emb{"tok_embeddings", -1, {}}, head{"head", -1, {}};
   for (int64_t i = 0; i < params_.size(); ++i)
-    if (block_of[static_cast<size_t>(i)] < 0) (i < first_block_param ? emb : head).params.push_back(i);
+    if (block_of[static_cast<size_t>(i)] < 0)
+      (i < first_block_param ? emb : head).params.push_back(i);
   if (!emb.params.empty()) units.push_back(emb);
   for (size_t l = 0; l < block_params_.size(); ++l)
     units.push_back({"layers." + std::to_string(l), static_cast<int64_t>(l), block_params_[l]});

@@ -17,12 +17,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/kernels/float8_linear.h"
 #include "core/train/context_parallel.h"
+#include "core/train/documents.h"
 #include "core/train/expert_exchange.h"
 #include "core/train/recompute.h"
 #include "core/train/tensor_parallel.h"
@@ -172,12 +174,17 @@ class Model {
   // [first_block, end_block) run, as forward would run them; returns their hidden state.
   // Under context parallelism the tokens are whole sequences, cut here as token_loss_sum
   // cuts them, and a hidden state is this rank's (B, T/cp[/tp], D).
+  // `tokens`: the micro-batch's tokens (B, T), which a stage without the embeddings needs
+  // when the model uses documents (set_documents): every stage computes the document ids
+  // from them (docs/attention.md). Ignored with `embed` (input is the tokens).
   at::Tensor forward_stage(const at::Tensor& input, bool embed, int64_t first_block,
-                           int64_t end_block);
+                           int64_t end_block, const at::Tensor& tokens = at::Tensor());
   // The last stage's end: the final norm of the hidden state h, then the summed token loss
   // exactly as token_loss_sum computes it from there. Labels are whole sequences (B, T); under
   // context parallelism the sum is over this rank's tokens only.
-  at::Tensor head_loss_sum(const at::Tensor& h, const at::Tensor& labels);
+  // `tokens` (B, T): needed with per-document loss (DocumentOptions::loss).
+  at::Tensor head_loss_sum(const at::Tensor& h, const at::Tensor& labels,
+                           const at::Tensor& tokens = at::Tensor());
   int64_t num_blocks() const { return static_cast<int64_t>(block_fns_.size()); }
   // false: token_loss_sum materializes the logits (the reference path, for tests/benchmarks).
   void set_fused_loss(bool on) { fused_loss_ = on; }
@@ -271,6 +278,11 @@ class Model {
   at::Tensor seq_project_reduce(const at::Tensor& x, const at::Tensor& w) const;
   at::Tensor seq_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                         const at::Tensor& w3) const;
+  // Packed documents (core/train/documents.h, docs/attention.md): the attention mask, and
+  // per-document RoPE positions and loss. Every forward computes the documents of its
+  // whole sequences from the tokens (EOS ends a document) and installs them for the blocks.
+  void set_documents(const DocumentOptions& o);
+  const DocumentOptions& documents() const { return docs_; }
   // Context parallelism (core/train/context_parallel.h), installed by parallel/; null: one
   // cp rank. forward and token_loss_sum then take whole sequences and run this rank's tokens;
   // the families read global positions and gather keys and values through it.
@@ -291,6 +303,12 @@ class Model {
   virtual at::Tensor forward_embed(const at::Tensor& tokens) = 0;
   virtual Head forward_final(const at::Tensor& h) = 0;
   Head forward_head(const at::Tensor& tokens);
+  // The documents of whole sequences `tokens` (B, T) when the mask or the positions need
+  // them; nullopt otherwise.
+  std::optional<Documents> documents_of(const at::Tensor& tokens) const;
+  // labels with per-document loss: an EOS input's label (the next document's first token)
+  // is ignored (-100). Unchanged otherwise.
+  at::Tensor document_labels(const at::Tensor& tokens, const at::Tensor& labels) const;
   // The output projection and the summed token loss of forward_final's result.
   at::Tensor loss_sum_of(const Head& o, const at::Tensor& labels);
   // Zeroes the training-state buffers (MoE expert biases and counts).
@@ -326,6 +344,7 @@ class Model {
   TpPlan tp_plan_;
   std::shared_ptr<TensorParallelComm> tp_;
   std::shared_ptr<ContextParallel> cp_;
+  DocumentOptions docs_;
   // weight()'s compute-dtype casts without a weight_fn, reused while the master is unchanged.
   struct CachedCast {
     at::Tensor cast, master;  // master: the parameter tensor it was cast from

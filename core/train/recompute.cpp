@@ -4,8 +4,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
+#include <optional>
 
 #include "core/kernels/weight_grad_store.h"
+#include "core/train/documents.h"
 #include "core/train/float8_linears.h"
 
 namespace titan {
@@ -55,10 +57,9 @@ void retarget_deferred(WeightGradStore& store, size_t first, const std::vector<a
 
 // Reruns a block with grad on detached copies of its saved inputs [x, w...] and returns the
 // gradients of those inputs (undefined where an input needs none).
-variable_list rerun_and_grad(const std::function<at::Tensor(const at::Tensor&,
-                                                            const std::vector<at::Tensor>&)>& run,
-                             const std::vector<at::Tensor>& saved, size_t n_inputs,
-                             const at::Tensor& grad_y) {
+variable_list rerun_and_grad(
+    const std::function<at::Tensor(const at::Tensor&, const std::vector<at::Tensor>&)>& run,
+    const std::vector<at::Tensor>& saved, size_t n_inputs, const at::Tensor& grad_y) {
   std::vector<at::Tensor> inputs;
   for (size_t i = 0; i < n_inputs; ++i) {
     inputs.push_back(saved[i].detach().requires_grad_(saved[i].requires_grad()));
@@ -85,10 +86,31 @@ variable_list rerun_and_grad(const std::function<at::Tensor(const at::Tensor&,
   return out;
 }
 
+// The forward's documents (core/train/documents.h) go with the checkpointed block, so its
+// recompute in backward sees the same mask and positions even when another micro-batch's
+// forward has run since (pipeline schedules) or backward runs on another thread.
+void save_documents(AutogradContext* ctx) {
+  const Documents* d = current_documents();
+  if (d == nullptr) return;
+  ctx->saved_data["doc_ids"] = d->doc_ids;
+  ctx->saved_data["doc_positions"] = d->positions;
+  ctx->saved_data["doc_block_causal"] = d->block_causal;
+}
+
+std::optional<Documents> saved_documents(AutogradContext* ctx) {
+  if (ctx->saved_data.find("doc_ids") == ctx->saved_data.end()) return std::nullopt;
+  Documents d;
+  d.doc_ids = ctx->saved_data["doc_ids"].toTensor();
+  d.positions = ctx->saved_data["doc_positions"].toTensor();
+  d.block_causal = ctx->saved_data["doc_block_causal"].toBool();
+  return d;
+}
+
 struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
   static variable_list forward(AutogradContext* ctx, int64_t fn_ptr, const at::Tensor& x,
                                at::TensorList weights) {
     ctx->saved_data["fn"] = fn_ptr;
+    save_documents(ctx);
     std::vector<at::Tensor> to_save{x};
     to_save.insert(to_save.end(), weights.begin(), weights.end());
     ctx->save_for_backward(to_save);
@@ -100,6 +122,8 @@ struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto& fn = *reinterpret_cast<const BlockFn*>(ctx->saved_data["fn"].toInt());
     auto saved = ctx->get_saved_variables();
+    const std::optional<Documents> docs = saved_documents(ctx);
+    DocumentsScope doc_scope(docs ? &*docs : nullptr);
     variable_list g = rerun_and_grad(fn, saved, saved.size(), grad_out[0]);
     g.insert(g.begin(), at::Tensor());  // fn_ptr
     return g;
@@ -179,8 +203,8 @@ struct TapedLinear : public torch::autograd::Function<TapedLinear> {
 // its backward is that kernel's backward, fed the recorded output and logsumexp.
 struct TapedCpuFlash : public torch::autograd::Function<TapedCpuFlash> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& out,
-                               const at::Tensor& lse, double scale) {
+                               const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                               double scale) {
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["scale"] = scale;
     return {out.detach()};
@@ -190,8 +214,8 @@ struct TapedCpuFlash : public torch::autograd::Function<TapedCpuFlash> {
     auto g = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out[0], s[0], s[1], s[2], s[3], s[4], /*dropout_p=*/0.0, /*is_causal=*/true,
         /*attn_mask=*/{}, ctx->saved_data["scale"].toDouble());
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g),
+            at::Tensor(),   at::Tensor(),   at::Tensor()};
   }
 };
 
@@ -201,8 +225,8 @@ bool force_recompute(const OpTape& t, const at::Tensor& w) {
   return false;
 }
 
-at::Tensor plain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      double scale, bool gqa) {
+at::Tensor plain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                      bool gqa) {
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                           /*is_causal=*/true, scale, gqa);
 }
@@ -215,9 +239,8 @@ bool cpu_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, do
                bool gqa) {
   // Meta tensors (titan-train estimate) take the flash path wherever its shapes allow.
   if (q.is_meta()) return q.size(-1) == v.size(-1);
-  return q.device().is_cpu() &&
-         at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                               scale, gqa) == 1;
+  return q.device().is_cpu() && at::_fused_sdp_choice(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                      /*is_causal=*/true, scale, gqa) == 1;
 }
 
 struct CheckpointBlockOps : public torch::autograd::Function<CheckpointBlockOps> {
@@ -240,6 +263,7 @@ struct CheckpointBlockOps : public torch::autograd::Function<CheckpointBlockOps>
     ctx->saved_data["policy"] = policy_ptr;
     ctx->saved_data["n_inputs"] = static_cast<int64_t>(1 + weights.size());
     ctx->saved_data["kinds"] = tape.kinds;
+    save_documents(ctx);
     return {y};
   }
 
@@ -252,6 +276,8 @@ struct CheckpointBlockOps : public torch::autograd::Function<CheckpointBlockOps>
     tape.policy = reinterpret_cast<const OpCheckpointPolicy*>(ctx->saved_data["policy"].toInt());
     tape.tensors.assign(saved.begin() + static_cast<int64_t>(n_inputs), saved.end());
     tape.kinds = ctx->saved_data["kinds"].toIntVector();
+    const std::optional<Documents> docs = saved_documents(ctx);
+    DocumentsScope doc_scope(docs ? &*docs : nullptr);
     auto run = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {
       TapeScope scope(&tape);
       return fn(x, w);

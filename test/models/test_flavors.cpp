@@ -20,18 +20,15 @@ using nlohmann::json;
 
 namespace {
 
-// titan-train has only causal SDPA attention. torchtitan runs these flavors with FlexAttention
-// and a block-causal (per-document) mask; its other flex, varlen and iRoPE flavors are
-// attention variants titan-train does not have (README "Differences from torchtitan").
-const std::set<std::string> kBlockCausalInTorchtitan = {"deepseek_v3/16B", "deepseek_v3/236B",
-                                                        "deepseek_v3/671B"};
 // Flavors torchtitan 0.2.2 does not ship: Llama-3.2 1B and 3B.
 const std::set<std::string> kOnlyInTitan = {"llama3/1B", "llama3/3B"};
 // Fields that differ on purpose. torchtitan replaces max_seq_len by training.seq_len (only
 // warning when longer); titan-train's llama3 sizes its RoPE table by it and rejects longer
 // runs, so its debug model keeps a small table.
 const std::set<std::pair<std::string, std::string>> kDifferent = {
-    {"llama3/debugmodel", "max_seq_len"}};
+    {"llama3/debugmodel", "max_seq_len"},
+    {"llama3/debugmodel_flex_attn", "max_seq_len"},
+    {"llama3/debugmodel_varlen_attn", "max_seq_len"}};
 
 json rope(const RopeScaling& r) {
   if (r.factor == 1.0) return {{"rope_factor", 1.0}};
@@ -39,6 +36,12 @@ json rope(const RopeScaling& r) {
           {"rope_low_freq_factor", r.low_freq_factor},
           {"rope_high_freq_factor", r.high_freq_factor},
           {"rope_original_max_seq_len", r.original_max_seq_len}};
+}
+
+template <class A>
+json attention(const A& a) {
+  return {{"attn_type", attn_type_name(a.attn_type)},
+          {"attn_mask_type", attn_mask_name(a.attn_mask)}};
 }
 
 template <class A>
@@ -54,6 +57,7 @@ json llama_common(const A& a) {
             {"rope_theta", a.rope_theta},
             {"depth_init", a.depth_init}};
   j.update(rope(a.rope_scaling));
+  j.update(attention(a));
   return j;
 }
 
@@ -89,6 +93,10 @@ std::map<std::string, json> titan_flavors() {
     j["interleave_moe_layer_step"] = a.interleave_moe_layer_step;
     j["auto_scale_hidden_dim"] = a.auto_scale_hidden_dim;
     j.update(moe(a.moe));
+    if (a.every_n_layers_nope > 0) {
+      j["every_n_layers_nope"] = a.every_n_layers_nope;
+      j["fixed_attn_block_size"] = a.fixed_attn_block_size;
+    }
     out["llama4/" + f] = j;
   }
   for (auto& f : deepseek_v3_flavor_names()) {
@@ -113,6 +121,7 @@ std::map<std::string, json> titan_flavors() {
               {"beta_slow", a.beta_slow},
               {"mscale", a.mscale}};
     j.update(moe(a.moe));
+    j.update(attention(a));
     out["deepseek_v3/" + f] = j;
   }
   return out;
@@ -130,20 +139,13 @@ TEST_CASE("flavors: every flavor equals torchtitan 0.2.2's model args", "[flavor
   const auto ours = titan_flavors();
 
   int compared = 0;
-  std::set<std::string> block_causal;
   std::set<std::pair<std::string, std::string>> different;
   for (auto& [name, theirs] : ref["flavors"].items()) {
     INFO(name);
-    const bool sdpa = theirs["attn_type"] == "sdpa" && !theirs.contains("every_n_layers_nope");
+    // Every flavor exists here, its attention variants included.
     auto it = ours.find(name);
-    if (it == ours.end()) {
-      // Only attention variants may be missing here.
-      CHECK_FALSE(sdpa);
-      continue;
-    }
-    if (!sdpa) block_causal.insert(name);
+    REQUIRE(it != ours.end());
     for (auto& [field, value] : theirs.items()) {
-      if (field == "attn_type" || field == "attn_mask_type") continue;
       INFO(field << ": torchtitan " << value.dump() << ", titan-train "
                  << (it->second.contains(field) ? it->second[field].dump() : "(missing)"));
       if (kDifferent.count({name, field})) {
@@ -159,7 +161,6 @@ TEST_CASE("flavors: every flavor equals torchtitan 0.2.2's model args", "[flavor
     }
     ++compared;
   }
-  CHECK(block_causal == kBlockCausalInTorchtitan);
   CHECK(different == kDifferent);
   std::set<std::string> only_ours;
   for (auto& [name, j] : ours)

@@ -39,6 +39,7 @@ def attention(a):
     out = {"attn_type": a.attn_type, "attn_mask_type": a.attn_mask_type}
     if getattr(a, "every_n_layers_nope", None) is not None:
         out["every_n_layers_nope"] = a.every_n_layers_nope
+        out["fixed_attn_block_size"] = a.fixed_attn_block_size
     return out
 
 
