@@ -18,7 +18,8 @@ config="${CONFIG:-configs/llama3_debug.toml}"
 dumped="$("$bin" --config "$config" --checkpoint.enable true "$@" --dump-config)"
 key() {  # key SECTION NAME: the string value of [SECTION] NAME in the dumped TOML
   awk -v s="[$1]" -v k="$2" '$0 == s {in_s = 1; next} /^\[/ {in_s = 0}
-    in_s && $1 == k {sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit}' <<<"$dumped"
+    in_s && $1 == k {sub(/^[^=]*= *["\047]/, ""); sub(/["\047][^"\047]*$/, ""); print; exit}' \
+    <<<"$dumped"
 }
 [[ "$(awk '$0 == "[checkpoint]" {c = 1; next} /^\[/ {c = 0} c && $1 == "enable" {print $3; exit}' \
   <<<"$dumped")" == "true" ]] || exit 0

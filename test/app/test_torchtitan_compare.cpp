@@ -155,6 +155,11 @@ TEST_CASE("torchtitan compare: deepseek_v3 debugmodel, 20 steps equal torchtitan
   compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "1e-4"});
 }
 
+TEST_CASE("torchtitan compare: qwen3 debugmodel, 20 steps equal torchtitan 0.2.2's",
+          "[train][torchtitan][qwen3][slow]") {
+  compare_with_torchtitan({"qwen3", "qwen3_debug.toml", "8e-4"});  // the debug config's lr
+}
+
 TEST_CASE("seed checkpoint: needs checkpoint.enable and one process", "[checkpoint]") {
   test::TempDir dir("seed-errors");
   const std::string base = "--config configs/llama3_debug.toml --job.dump_folder " +

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,31 @@ void check_against_transformers(const std::string& tag, const Qwen3Args& a) {
   CHECK(std::abs(loss - tf_loss) <= 1e-5 * std::abs(tf_loss));
   CHECK(err_interleaved > 1e-3);  // the check tells the RoPE layouts apart
   CHECK(err_no_norm > 1e-3);      // and sees the QK-norm
+
+  // The gradients of that mean loss, parameter by parameter, under transformers' names (its
+  // fused experts have none: the router's and every other weight's are compared). Tolerance
+  // 1e-4 relative to each gradient's largest entry (fp32 sums in another order).
+  {
+    at::Tensor labels = at::full_like(tokens, -100);
+    const int64_t T = tokens.size(1);
+    labels.narrow(1, 0, T - 1).copy_(tokens.narrow(1, 1, T - 1));
+    for (auto& p : model.params().all()) p.value.mutable_grad() = at::Tensor();
+    (model.token_loss_sum(tokens, labels) / static_cast<double>(tokens.size(0) * (T - 1)))
+        .backward();
+  }
+  int64_t compared = 0;
+  double worst = 0;
+  for (const HfTensorMap& e : qwen3_hf_map(a)) {
+    if (e.hf.size() != 1 || !out.contains("grad/" + e.hf[0])) continue;
+    const Param& p = model.params()[model.params().index_of(e.ours)];
+    const double g = test::rel_err(p.value.grad(), out.get("grad/" + e.hf[0]));
+    INFO(e.ours << " gradient rel err " << g);
+    CHECK(g <= 1e-4);
+    worst = std::max(worst, g);
+    ++compared;
+  }
+  WARN(tag << ": " << compared << " gradients vs transformers, worst rel err " << worst);
+  CHECK(compared >= 2 + a.n_layers * (a.moe_enabled ? 8 : 10));
 
   // A folder transformers itself wrote imports back to the same tensors, bit for bit (fp32).
   auto r = test::run(test::python() + " " + test::source_dir() +

@@ -26,6 +26,8 @@ test/models/test_hf_interop.cpp.
 
       Qwen3ForCausalLM and Qwen3MoeForCausalLM also write
         "loss": transformers' own causal-LM loss (labels = the tokens, shifted inside);
+        "grad/<parameter name>": that loss's gradient of every parameter (transformers' names;
+            its fused experts have no per-expert name);
         "logits_interleaved": with q_proj / k_proj rows permuted per head to the adjacent-pairs
             RoPE layout, which must differ: the weights need no permutation;
         "logits_no_qk_norm": with q_norm and k_norm replaced by identities, which must differ.
@@ -130,6 +132,12 @@ def qwen3_logits(transformers, d, tokens, cls):
     cfg = model.config
     out = model(tokens, labels=tokens)
     result = {"logits": out.logits.float().contiguous(), "loss": out.loss.float().reshape(1)}
+    with torch.enable_grad():
+        model.zero_grad()
+        model(tokens, labels=tokens).loss.backward()
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                result["grad/" + name] = p.grad.float().contiguous()
     saved = []
     for layer in model.model.layers:
         a = layer.self_attn
