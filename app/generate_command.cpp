@@ -148,7 +148,8 @@ int run_generate_command(int argc, char** argv) {
   if (n >= window)
     throw UserError("generate --prompt: " + std::to_string(n) +
                     " tokens; allowed: fewer than the model's window of " + std::to_string(window) +
-                    " tokens (training.seq_len for this family)");
+                    " tokens (llama3: the flavor's; the others: the run's sequence length, "
+                    "training.seq_len or validation.seq_len when validating with longer ones)");
   if (n + a.gen.max_new_tokens > window) {
     std::fprintf(stderr,
                  "generate: --max-new-tokens %lld cut to %lld: the window is %lld tokens "
