@@ -60,6 +60,9 @@ GenerateArgs parse_generate_args(int argc, char** argv) {
   app.add_option("--top-p", a.gen.sample.top_p, "nucleus sampling mass in (0, 1] (default 1)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", seed, "the sampling stream (default 0)")->check(CLI::NonNegativeNumber);
+  bool no_cache = false;
+  app.add_flag("--no-kv-cache", no_cache,
+               "a full forward of the whole sequence per new token (the reference, for timing)");
   app.footer(
       "Any training override works too, e.g. --model.flavor debugmodel_moe or "
       "--training.seq_len 2048 (the window: the longest prompt plus continuation).");
@@ -78,6 +81,7 @@ GenerateArgs parse_generate_args(int argc, char** argv) {
     throw UserError("generate: --top-p " + std::to_string(a.gen.sample.top_p) +
                     "; allowed: (0, 1]");
   a.gen.sample.seed = static_cast<uint64_t>(seed);
+  a.gen.use_cache = !no_cache;
   std::vector<std::string> args = {"titan-train", "--config", config_file};
   for (const std::string& x : app.remaining()) args.push_back(x);
   std::vector<const char*> argv2;
@@ -171,8 +175,9 @@ int run_generate_command(int argc, char** argv) {
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fputs("\n", stdout);
-  std::fprintf(stderr, "generate: %zu tokens in %.2f s, %.1f tokens/s (%s, KV cache)\n", out.size(),
-               s, static_cast<double>(out.size()) / std::max(s, 1e-9), cuda ? "CUDA" : "CPU");
+  std::fprintf(stderr, "generate: %zu tokens in %.2f s, %.1f tokens/s (%s, %s)\n", out.size(), s,
+               static_cast<double>(out.size()) / std::max(s, 1e-9), cuda ? "CUDA" : "CPU",
+               a.gen.use_cache ? "KV cache" : "no cache: a full forward per token");
   return 0;
 }
 

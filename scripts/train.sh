@@ -26,6 +26,6 @@ key() {  # key SECTION NAME: the string value of [SECTION] NAME in the dumped TO
 folder="$(key checkpoint folder)"
 [[ "$folder" = /* ]] || folder="$(key job dump_folder)/$folder"
 [[ -d "$folder" ]] || exit 0
-echo "--- a sample of the trained model (titan-train generate, greedy would repeat; T = 0.8, top-k 40):"
+echo "--- a sample of the trained model (titan-train generate, temperature 0.8, top-k 40):"
 "$bin" generate --config "$config" "$@" --checkpoint "$folder" --prompt "In the beginning" \
   --max-new-tokens 40 --temperature 0.8 --top-k 40

@@ -216,3 +216,31 @@ TEST_CASE("generate: the subcommand prints a continuation and exits 2 on bad inp
     CHECK(r.out.find(b.says) != std::string::npos);
   }
 }
+
+TEST_CASE("generate: --checkpoint takes a checkpoint folder (its latest step) or a step folder",
+          "[generate][cli]") {
+  test::TempDir tmp("gen-ckpt");
+  auto r =
+      test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() +
+                " --config configs/llama3_debug.toml --model.n_layers 2 --training.steps 2 "
+                "--training.seq_len 32 --training.local_batch_size 2 --validation.enable "
+                "false --metrics.enable_tensorboard false --checkpoint.enable true "
+                "--checkpoint.interval 1 --job.dump_folder " +
+                tmp.file("run"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const std::string bin = test::binary() + " generate --config " + test::source_dir() +
+                          "/configs/llama3_debug.toml --model.n_layers 2 --prompt 'In the' "
+                          "--max-new-tokens 8 --temperature 0 --checkpoint ";
+  // stdout alone: the text (stderr names the step folder it loaded).
+  auto gen = [&](const std::string& dir) { return test::run("(" + bin + dir + " 2>/dev/null)"); };
+  auto latest = gen(tmp.file("run/checkpoint"));
+  auto step2 = gen(tmp.file("run/checkpoint/step-2"));
+  auto step1 = gen(tmp.file("run/checkpoint/step-1"));
+  INFO(latest.out << "\n" << step2.out << "\n" << step1.out);
+  REQUIRE(latest.rc == 0);
+  REQUIRE(step1.rc == 0);
+  CHECK(latest.out == step2.out);  // the folder means its latest step
+  CHECK(latest.out.rfind("In the", 0) == 0);
+  CHECK(latest.out.size() > std::string("In the\n").size());
+}
