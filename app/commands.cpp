@@ -1,6 +1,7 @@
 #include "app/commands.h"
 #include "app/data_preview.h"
 #include "app/estimate.h"
+#include "app/generate_command.h"
 #include "app/tokenize_command.h"
 
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "models/qwen3.h"
 
 namespace titan {
 
@@ -71,6 +73,7 @@ void load_tensors_file(const NamedTensors& tensors, const std::string& path) {
 std::unique_ptr<Model> convert_model(const std::string& name, const std::string& flavor,
                                      int64_t seq_len) {
   if (name == "llama3") return std::make_unique<Llama3>(llama3_flavor(flavor), at::kCPU);
+  if (name == "qwen3") return std::make_unique<Qwen3>(qwen3_flavor(flavor), at::kCPU);
   DeepSeekV3Args a = deepseek_v3_flavor(flavor);
   a.max_seq_len = seq_len;
   return std::make_unique<DeepSeekV3>(a, at::kCPU);
@@ -83,7 +86,7 @@ int run_convert_hf(int argc, char** argv) {
       "file of titan-train parameter names"};
   std::string model = "llama3", flavor, from_hf, to_st, from_st, to_hf, dtype = "float32";
   int64_t seq_len = 2048;
-  app.add_option("--model", model, "model family: llama3 or deepseek_v3 (default llama3)")
+  app.add_option("--model", model, "model family: llama3, deepseek_v3 or qwen3 (default llama3)")
       ->check(CLI::IsMember(hf_supported_models()));
   app.add_option("--flavor", flavor,
                  "model flavor (shapes); hf: the --from-hf folder's config.json (llama3)")
@@ -154,8 +157,9 @@ int run_subcommand(int argc, char** argv) {
   if (name == "convert-hf") return run_convert_hf(argc, argv);
   if (name == "data-preview") return run_data_preview(argc, argv);
   if (name == "estimate") return run_estimate_command(argc, argv);
+  if (name == "generate") return run_generate_command(argc, argv);
   throw UserError("unknown subcommand '" + name +
-                  "'; allowed: tokenize, convert-hf, data-preview, estimate (see --help)");
+                  "'; allowed: tokenize, convert-hf, data-preview, estimate, generate (see --help)");
 }
 
 int run_train_command(const JobConfig& cfg, const LaunchEnv& launch) {

@@ -17,7 +17,9 @@ PipelineTraining::PipelineTraining(const JobConfig& cfg, Model& model, ProcessGr
                                    at::ScalarType dtype, at::Device device, uint64_t seed,
                                    bool allocate)
     : cfg_(cfg), model_(model), pp_(pp), dtype_(dtype), device_(device) {
-  plan_ = plan_pipeline(cfg, model.info().n_layers, /*tied_embeddings=*/false);
+  // A tied output (no output.weight: Llama-3.2, the small Qwen3) cannot be cut (exit 2).
+  plan_ = plan_pipeline(cfg, model.info().n_layers,
+                        /*tied_embeddings=*/model.params().index_of("output.weight") < 0);
   const auto& par = cfg.parallelism;
   // Under tensor parallelism the blocks pass sequence shards (sequence parallel): each tp
   // rank sends its own shard to the same tp rank of the next stage. Under context

@@ -629,11 +629,12 @@ HfImportStats import_hf(ParamStore& params, const std::vector<HfTensorMap>& map,
 // ---- Any model ----------------------------------------------------------------------------------
 
 std::vector<std::string> hf_supported_models() {
-  return {"llama3", "deepseek_v3"};
+  return {"llama3", "deepseek_v3", "qwen3"};
 }
 
 bool hf_supported(const Model& model) {
-  return dynamic_cast<const Llama3*>(&model) || dynamic_cast<const DeepSeekV3*>(&model);
+  return dynamic_cast<const Llama3*>(&model) || dynamic_cast<const DeepSeekV3*>(&model) ||
+         dynamic_cast<const Qwen3*>(&model);
 }
 
 void require_hf_supported(const Model& model, const std::string& what) {
@@ -652,12 +653,14 @@ NamedTensors hf_tensors(const Model& model) {
 void export_model_hf(const Model& model, const std::string& dir, const HfExportOptions& opts) {
   require_hf_supported(model, "export to Hugging Face");
   if (auto* llama = dynamic_cast<const Llama3*>(&model)) return export_llama3_hf(*llama, dir, opts);
+  if (auto* qwen = dynamic_cast<const Qwen3*>(&model)) return export_qwen3_hf(*qwen, dir, opts);
   export_deepseek_v3_hf(dynamic_cast<const DeepSeekV3&>(model), dir, opts);
 }
 
 HfImportStats import_model_hf(Model& model, const std::string& dir) {
   require_hf_supported(model, "import from Hugging Face");
   if (auto* llama = dynamic_cast<Llama3*>(&model)) return import_llama3_hf(*llama, dir);
+  if (auto* qwen = dynamic_cast<Qwen3*>(&model)) return import_qwen3_hf(*qwen, dir);
   return import_deepseek_v3_hf(dynamic_cast<DeepSeekV3&>(model), dir);
 }
 

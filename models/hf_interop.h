@@ -19,6 +19,7 @@
 
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
+#include "models/qwen3.h"
 #include "core/train/model.h"
 
 namespace titan {
@@ -186,9 +187,23 @@ void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
 // (model.layers.<n_layers and up>.*, in DeepSeek-V3's release) are skipped.
 HfImportStats import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir);
 
+// ---- Qwen3 ---------------------------------------------------------------------------------------
+
+// torchtitan's qwen3 names <-> transformers' Qwen3ForCausalLM (dense) and Qwen3MoeForCausalLM
+// (MoE flavors) names; no permutation (both rotate halves), experts split one tensor per
+// expert (models/hf_qwen3.cpp).
+std::vector<HfTensorMap> qwen3_hf_map(const Qwen3Args& args);
+nlohmann::ordered_json qwen3_hf_config(const Qwen3Args& args, at::ScalarType dtype);
+// UserError for a MoE routing Qwen3MoeForCausalLM cannot express; warns when the expert-bias
+// buffers (which transformers has no place for) are non-zero.
+void export_qwen3_hf(const Qwen3& model, const std::string& dir, const HfExportOptions& opts);
+// Also checks config.json's model_type ("qwen3" or "qwen3_moe", as the flavor) and structural
+// fields against the model: a folder of another architecture is a UserError.
+HfImportStats import_qwen3_hf(Qwen3& model, const std::string& dir);
+
 // ---- Any model ---------------------------------------------------------------------------------
 
-// model.name values with a Hugging Face mapping: llama3, deepseek_v3.
+// model.name values with a Hugging Face mapping: llama3, deepseek_v3, qwen3.
 std::vector<std::string> hf_supported_models();
 bool hf_supported(const Model& model);
 // A UserError that starts with `what` and names model.name and the supported ones, unless

@@ -5,6 +5,7 @@
 
 #include "core/kernels/ops.h"
 #include "core/train/capture_check.h"
+#include "models/kv_cache.h"
 
 namespace titan {
 
@@ -52,6 +53,7 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
 }
 
 RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local) {
+  if (KvCache* cache = KvCache::active()) return cache->rope_rows(rope, local);  // generation
   if (cp == nullptr) return rope;  // apply_rope reads rows 0..local-1
   const at::Tensor pos = cp->positions(local, rope.cos.device());
   return {rope.cos.index_select(0, pos), rope.sin.index_select(0, pos)};
@@ -97,6 +99,7 @@ static at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const a
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const ContextParallel* cp) {
+  if (KvCache* cache = KvCache::active()) return cache->attend(q, k, v, scale);  // generation
   if (cp != nullptr) return cp_attention(q, k, v, scale, *cp);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   // (B, heads, T, D) views. With Hkv < H, SDPA's enable_gqa lets each group of H / Hkv query

@@ -37,7 +37,8 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_seq_len, double theta,
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
 // The tables a sequence of `local` tokens reads: rows 0..local-1, or under context
-// parallelism (cp non-null) the rows of this rank's global positions.
+// parallelism (cp non-null) the rows of this rank's global positions, or while a KvCache is
+// active (models/kv_cache.h) the rows of the cache's next positions.
 RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t local);
 // The same with the forward's documents: when they carry per-document positions (B, T_global),
 // the rows of each token's position in its document (per_token tables, B * local rows).
@@ -47,7 +48,9 @@ RopeTables rope_rows(const RopeTables& rope, const ContextParallel* cp, int64_t 
 // Causal self-attention core. q: (B, T, H, Dqk), k: (B, T, Hkv, Dqk), v: (B, T, Hkv, Dv) ->
 // (B, T, H * Dv). Hkv divides H (grouped-query attention). Under context parallelism (cp
 // non-null) T is this rank's T/cp tokens: k and v are gathered over the cp ranks and the
-// queries attend them under the causal mask of the global positions.
+// queries attend them under the causal mask of the global positions. While a KvCache is
+// active (generation) the keys and values are appended to it and the queries attend all
+// cached ones (KvCache::attend).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, const ContextParallel* cp = nullptr);
 

@@ -5,6 +5,7 @@
 #include "models/llama3.h"
 #include "models/llama4.h"
 #include "models/moe_model.h"
+#include "models/qwen3.h"
 
 namespace titan {
 
@@ -12,6 +13,7 @@ std::vector<std::string> model_flavors(const std::string& name) {
   if (name == "llama3") return llama3_flavor_names();
   if (name == "llama4") return llama4_flavor_names();
   if (name == "deepseek_v3") return deepseek_v3_flavor_names();
+  if (name == "qwen3") return qwen3_flavor_names();
   return {};
 }
 
@@ -19,8 +21,9 @@ int64_t model_vocab_size(const JobConfig& cfg) {
   if (cfg.model.name == "llama3") return llama3_flavor(cfg.model.flavor).vocab_size;
   if (cfg.model.name == "llama4") return llama4_flavor(cfg.model.flavor).vocab_size;
   if (cfg.model.name == "deepseek_v3") return deepseek_v3_flavor(cfg.model.flavor).vocab_size;
+  if (cfg.model.name == "qwen3") return qwen3_flavor(cfg.model.flavor).vocab_size;
   throw UserError("model.name = \"" + cfg.model.name +
-                  "\" is not a model; allowed: llama3, llama4, deepseek_v3");
+                  "\" is not a model; allowed: llama3, llama4, deepseek_v3, qwen3");
 }
 
 DocumentOptions model_document_options(const JobConfig& cfg, int64_t eos_id) {
@@ -72,9 +75,16 @@ std::unique_ptr<Model> build_model(const JobConfig& cfg, at::Device device, bool
     a.max_seq_len = run_max_seq_len(cfg);
     configure_moe(a.moe, cfg, device, a.dim, a.moe_inter_dim);
     m = std::make_unique<DeepSeekV3>(a, device);
+  } else if (cfg.model.name == "qwen3") {
+    Qwen3Args a = qwen3_flavor(cfg.model.flavor);
+    a.n_layers = depth(a.n_layers);
+    // torchtitan's update_from_config: the RoPE table covers the run's sequences.
+    a.max_seq_len = run_max_seq_len(cfg);
+    if (a.moe_enabled) configure_moe(a.moe, cfg, device, a.dim, a.moe_inter_dim);
+    m = std::make_unique<Qwen3>(a, device);
   } else {
     throw UserError("model.name = \"" + cfg.model.name +
-                    "\" is not a model; allowed: llama3, llama4, deepseek_v3");
+                    "\" is not a model; allowed: llama3, llama4, deepseek_v3, qwen3");
   }
   if (auto* moe = dynamic_cast<MoETransformer*>(m.get())) check_float8_grouped_fqns(cfg, *moe);
   if (!defer_params) m->init_weights(static_cast<uint64_t>(cfg.debug.seed));

@@ -42,7 +42,7 @@ std::string dump_config_toml(const JobConfig& cfg) {
 }
 
 std::string usage_text() {
-  return "titan-train: pre-train Llama-3, Llama-4 and DeepSeek-V3 models on LibTorch.\n\n"
+  return "titan-train: pre-train Llama-3, Llama-4, DeepSeek-V3 and Qwen3 models on LibTorch.\n\n"
          "Usage:\n"
          "  titan-train --config FILE [--section.key=value | --section.key value]...   train\n"
          "  titan-train estimate --config FILE [--world N] [--gpu h100] [--set key=value]\n"
@@ -51,9 +51,11 @@ std::string usage_text() {
          "  titan-train convert-hf --model llama3 --flavor F --from-hf DIR --to-safetensors FILE\n"
          "  titan-train convert-hf --model llama3 --flavor F --from-safetensors FILE --to-hf DIR\n"
          "                         [--dtype float32|bfloat16|float16]\n"
+         "  titan-train generate --config FILE (--checkpoint DIR | --from-hf DIR) --prompt TEXT\n"
+         "                       [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]\n"
          "  titan-train --config FILE --dump-schedule   print the pipeline stages and schedule\n"
          "  titan-train --help | --dump-config\n\n"
-         "Subcommands: estimate, data-preview, tokenize, convert-hf (each takes --help).\n\n"
+         "Subcommands: estimate, data-preview, tokenize, convert-hf, generate (each takes --help).\n\n"
          "Most common:\n"
          "  titan-train --config configs/llama3_debug.toml --training.steps 50\n"
          "  titan-train --config my.toml --training.dataset_path data.tok "

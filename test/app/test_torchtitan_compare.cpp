@@ -155,6 +155,15 @@ TEST_CASE("torchtitan compare: deepseek_v3 debugmodel, 20 steps equal torchtitan
   compare_with_torchtitan({"deepseek_v3", "deepseek_v3_debug.toml", "1e-4"});
 }
 
+TEST_CASE("torchtitan compare: qwen3 debugmodel, 20 steps equal torchtitan 0.2.2's",
+          "[train][torchtitan][qwen3][slow]") {
+  // At the debug config's 8e-4 the losses agree to 7.4e-7 over the 20 steps, but at the steps
+  // after gradient spikes (10 and 19) the grad norms are up to 1.4e-3 apart, while every
+  // gradient of the model equals transformers' to 9e-7 (test_qwen3.cpp): the deepseek_v3
+  // case below. At 1e-4: losses 1.4e-7, grad norms 6.9e-7 (measured on this CPU).
+  compare_with_torchtitan({"qwen3", "qwen3_debug.toml", "1e-4"});
+}
+
 TEST_CASE("seed checkpoint: needs checkpoint.enable and one process", "[checkpoint]") {
   test::TempDir dir("seed-errors");
   const std::string base = "--config configs/llama3_debug.toml --job.dump_folder " +

@@ -1,4 +1,4 @@
-// Every llama3, llama4 and deepseek_v3 flavor against torchtitan 0.2.2's own flavor tables
+// Every llama3, llama4, deepseek_v3 and qwen3 flavor against torchtitan 0.2.2's own flavor tables
 // (test/reference/torchtitan_flavors.py reads them from the installed torchtitan package).
 // Each field must be equal: these are constants, so the tolerance is 0 (doubles compare
 // exactly after a JSON round trip). Known, documented differences are listed below and
@@ -13,6 +13,7 @@
 #include "models/deepseek_v3.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
+#include "models/qwen3.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -123,6 +124,28 @@ std::map<std::string, json> titan_flavors() {
     j.update(moe(a.moe));
     j.update(attention(a));
     out["deepseek_v3/" + f] = j;
+  }
+  // qwen3's max_seq_len is the flavor's here too (build_model then takes the run's, as
+  // torchtitan's update_from_config does), so it is compared.
+  for (auto& f : qwen3_flavor_names()) {
+    Qwen3Args a = qwen3_flavor(f);
+    json j = {{"dim", a.dim},
+              {"n_layers", a.n_layers},
+              {"n_heads", a.n_heads},
+              {"n_kv_heads", a.n_kv_heads},
+              {"vocab_size", a.vocab_size},
+              {"head_dim", a.head_dim},
+              {"hidden_dim", a.hidden_dim},
+              {"qk_norm", a.qk_norm},
+              {"max_seq_len", a.max_seq_len},
+              {"depth_init", a.depth_init},
+              {"moe_enabled", a.moe_enabled},
+              {"moe_inter_dim", a.moe_inter_dim},
+              {"norm_eps", a.norm_eps},
+              {"rope_theta", a.rope_theta},
+              {"tie_embeddings", a.tie_embeddings}};
+    if (a.moe_enabled) j.update(moe(a.moe));
+    out["qwen3/" + f] = j;
   }
   return out;
 }

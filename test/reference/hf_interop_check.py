@@ -24,6 +24,18 @@ test/models/test_hf_interop.cpp.
         "logits_no_bias": eps aligned, with every e_score_correction_bias zeroed, which must
             differ when the test gave the experts a bias: the bias was loaded and is used.
 
+      Qwen3ForCausalLM and Qwen3MoeForCausalLM also write
+        "loss": transformers' own causal-LM loss (labels = the tokens, shifted inside);
+        "grad/<parameter name>": that loss's gradient of every parameter (transformers' names;
+            its fused experts have no per-expert name);
+        "logits_interleaved": with q_proj / k_proj rows permuted per head to the adjacent-pairs
+            RoPE layout, which must differ: the weights need no permutation;
+        "logits_no_qk_norm": with q_norm and k_norm replaced by identities, which must differ.
+
+  generate DIR PROMPT.safetensors N OUT.safetensors
+      Loads DIR like `logits` and writes transformers' greedy generate() continuation of the
+      "tokens" prompt (1, T), N new tokens, as "tokens" (1, T + N).
+
   resave DIR OUT_DIR
       Loads DIR like `logits` and writes it again with transformers' save_pretrained (fp32), so
       the test can import a folder transformers wrote. Exits 3 without transformers.
@@ -109,6 +121,58 @@ def deepseek_v3_logits(transformers, d, tokens):
     return result
 
 
+def interleave(w, heads):
+    # HF (rotate-half) rows to Meta (adjacent pairs) rows, per head: a wrong layout.
+    rows, cols = w.shape
+    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def qwen3_logits(transformers, d, tokens, cls):
+    model = load_model(transformers, cls, d)
+    cfg = model.config
+    out = model(tokens, labels=tokens)
+    result = {"logits": out.logits.float().contiguous(), "loss": out.loss.float().reshape(1)}
+    with torch.enable_grad():
+        model.zero_grad()
+        model(tokens, labels=tokens).loss.backward()
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                result["grad/" + name] = p.grad.float().contiguous()
+    saved = []
+    for layer in model.model.layers:
+        a = layer.self_attn
+        saved.append((a.q_proj.weight.clone(), a.k_proj.weight.clone()))
+        a.q_proj.weight.copy_(interleave(a.q_proj.weight, cfg.num_attention_heads))
+        a.k_proj.weight.copy_(interleave(a.k_proj.weight, cfg.num_key_value_heads))
+    result["logits_interleaved"] = model(tokens).logits.float().contiguous()
+    for layer, (q, k) in zip(model.model.layers, saved):
+        layer.self_attn.q_proj.weight.copy_(q)
+        layer.self_attn.k_proj.weight.copy_(k)
+        layer.self_attn.q_norm = torch.nn.Identity()
+        layer.self_attn.k_norm = torch.nn.Identity()
+    result["logits_no_qk_norm"] = model(tokens).logits.float().contiguous()
+    return result
+
+
+def generate(d, prompt_path, n, out):
+    try:
+        import transformers
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        print(f"transformers unavailable: {e!r}")
+        sys.exit(3)
+    print(f"transformers {transformers.__version__}")
+    with open(os.path.join(d, "config.json")) as f:
+        arch = json.load(f)["architectures"][0]
+    model = load_model(transformers, getattr(transformers, arch), d)
+    prompt = load_file(prompt_path)["tokens"]
+    with torch.no_grad():
+        # No eos: exactly n new tokens. Greedy, with the model's KV cache.
+        toks = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                              min_new_tokens=n, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+    save_file({"tokens": toks.contiguous()}, out)
+
+
 def logits(d, tokens_path, out):
     try:
         import transformers
@@ -124,9 +188,13 @@ def logits(d, tokens_path, out):
             result = llama_logits(transformers, d, tokens)
         elif model_type == "deepseek_v3":
             result = deepseek_v3_logits(transformers, d, tokens)
+        elif model_type == "qwen3":
+            result = qwen3_logits(transformers, d, tokens, transformers.Qwen3ForCausalLM)
+        elif model_type == "qwen3_moe":
+            result = qwen3_logits(transformers, d, tokens, transformers.Qwen3MoeForCausalLM)
         else:
             raise SystemExit(f"{d}/config.json: model_type {model_type!r}; "
-                             "allowed: llama, deepseek_v3")
+                             "allowed: llama, deepseek_v3, qwen3, qwen3_moe")
     save_file(result, out)
 
 
@@ -146,6 +214,8 @@ def main():
         list_folder(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "logits":
         logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     elif sys.argv[1] == "resave":
         resave(sys.argv[2], sys.argv[3])
     else:

@@ -3,7 +3,7 @@
 titan-train (test/app/test_torchtitan_compare.cpp): our version of torchtitan's
 `loss_compare.py --assert-equal`.
 
-What runs is torchtitan's: the model (llama3 Transformer or DeepSeekV3Model, built from its
+What runs is torchtitan's: the model (llama3 Transformer, DeepSeekV3Model or Qwen3Model, built from its
 flavor table and `update_from_config`), `build_optimizers` / `build_optimizers_with_moe_load_balancing`
 (torch.optim.AdamW as torchtitan builds it, plus its aux-loss-free expert-bias pre-hook),
 `build_lr_schedulers`, `cross_entropy_loss` and `dist_utils.clip_grad_norm_`. The loop below
@@ -59,6 +59,9 @@ def build_model(a, jc):
     if a.model == "llama3":
         from torchtitan.models.llama3 import llama3_args as flavors
         from torchtitan.models.llama3 import Transformer as Model
+    elif a.model == "qwen3":
+        from torchtitan.models.qwen3 import qwen3_args as flavors
+        from torchtitan.models.qwen3.model.model import Qwen3Model as Model
     else:
         from torchtitan.models.deepseek_v3 import deepseekv3_args as flavors
         from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model as Model
@@ -66,7 +69,7 @@ def build_model(a, jc):
 
     ma = copy.deepcopy(flavors[a.flavor])
     ma.update_from_config(jc)
-    if a.model == "deepseek_v3":
+    if ma.__dict__.get("moe_args") is not None and a.model != "llama3":
         # update_from_config picks grouped_mm only on SM90+; the CPU takes the for-loop path.
         ma.moe_args.use_grouped_mm = False
         ma.moe_args.load_balance_coeff = a.load_balance_coeff if a.load_balance_coeff > 0 else None
@@ -90,8 +93,11 @@ def load_seed(model, path):
         assert not sd.pop(k).any(), f"{k}: a seed checkpoint's counters are zero"
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected, f"titan-train tensors torchtitan does not have: {unexpected}"
-    # Only non-persistent or derived buffers may be missing.
-    bad = [k for k in missing if not (k.endswith("tokens_per_expert") or "freqs_cis" in k)]
+    # Only non-persistent or derived buffers may be missing, and a tied output (qwen3's small
+    # flavors), which is the embedding.
+    tied = getattr(model, "enable_weight_tying", False)
+    bad = [k for k in missing if not (k.endswith("tokens_per_expert") or "freqs_cis" in k
+                                      or (tied and k == "output.weight"))]
     assert not bad, f"torchtitan tensors the seed checkpoint lacks: {bad}"
     return len(sd)
 
@@ -127,7 +133,7 @@ def init_single_process_group():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["llama3", "deepseek_v3"], required=True)
+    ap.add_argument("--model", choices=["llama3", "deepseek_v3", "qwen3"], required=True)
     ap.add_argument("--flavor", default="debugmodel")
     ap.add_argument("--weights", required=True, help="seed checkpoint rank-00000.safetensors")
     ap.add_argument("--batches", required=True, help="data-preview --tokens all output")
@@ -164,9 +170,11 @@ def main():
     n = load_seed(model, a.weights)
     model.train()
     pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
-    # The builders torchtitan's train specs name: build_optimizers for llama3, the MoE variant
-    # (the same optimizer plus the expert-bias pre-hook) for deepseek_v3.
-    build = build_optimizers if a.model == "llama3" else build_optimizers_with_moe_load_balancing
+    # The builders torchtitan's train specs name: build_optimizers for llama3 and qwen3 (whose
+    # MoE flavors therefore never move their expert bias), the MoE variant (the same optimizer
+    # plus the expert-bias pre-hook) for deepseek_v3.
+    build = (build_optimizers_with_moe_load_balancing if a.model == "deepseek_v3" else
+             build_optimizers)
     optimizers = build([model], jc.optimizer, pd)
     schedulers = build_lr_schedulers(optimizers, jc.lr_scheduler, jc.training.steps)
     batches = read_batches(a.batches, a.steps, a.local_batch_size, a.seq_len)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints torchtitan 0.2.2's model flavors (llama3, llama4, deepseek_v3) as JSON, in the
+"""Prints torchtitan 0.2.2's model flavors (llama3, llama4, deepseek_v3, qwen3) as JSON, in the
 field names of titan-train's Args structs, for test/models/test_flavors.cpp.
 
 torchtitan's own flavor tables are read from the installed package (the test venv pins
@@ -22,6 +22,7 @@ from importlib.metadata import version  # noqa: E402
 from torchtitan.models.deepseek_v3 import deepseekv3_args  # noqa: E402
 from torchtitan.models.llama3 import llama3_args  # noqa: E402
 from torchtitan.models.llama4 import llama4_args  # noqa: E402
+from torchtitan.models.qwen3 import qwen3_args  # noqa: E402
 
 
 def rope(scaling):
@@ -98,10 +99,23 @@ def deepseek_v3(a):
     return out
 
 
+def qwen3(a):
+    fields = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "head_dim", "hidden_dim",
+              "qk_norm", "max_seq_len", "depth_init", "moe_enabled", "moe_inter_dim")
+    out = {f: getattr(a, f) for f in fields}
+    out["norm_eps"] = float(a.norm_eps)
+    out["rope_theta"] = float(a.rope_theta)
+    out["tie_embeddings"] = a.enable_weight_tying
+    if a.moe_enabled:  # a dense flavor's MoEArgs are unused defaults
+        out.update(moe(a.moe_args))
+    return out
+
+
 def main():
     flavors = {}
     for family, table, fn in (("llama3", llama3_args, llama3), ("llama4", llama4_args, llama4),
-                              ("deepseek_v3", deepseekv3_args, deepseek_v3)):
+                              ("deepseek_v3", deepseekv3_args, deepseek_v3),
+                              ("qwen3", qwen3_args, qwen3)):
         for name, a in table.items():
             flavors[f"{family}/{name}"] = {**fn(a), **attention(a)}
     json.dump({"torchtitan": version("torchtitan"), "flavors": flavors}, sys.stdout, indent=1)
