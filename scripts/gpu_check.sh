@@ -215,6 +215,7 @@ sys.exit(0 if r["error"] is None and len(r["losses"]) == 2 and f8 else 1)' ||
   step cpu_smoke 60 step_cpu_smoke
   step gpu_tests 270 step_gpu_tests
   step bf16_learns 60 step_bf16_learns
+  step new_paths 120 step_new_paths
   step bench_capture 100 step_bench_capture
   step bench_llama3_1b 160 step_bench_llama3_1b
   step bench_llama3_8b_4l 160 step_bench_llama3_8b_4l
@@ -572,6 +573,34 @@ print(f"bf16 loss {got.get(1, float('nan')):.3f}->{got.get(200, float('nan')):.3
       end=" ")
 for b in bad: print(f"[{b}]", end=" ")
 sys.exit(1 if bad else 0)
+PY
+}
+
+# What this round added on CUDA, each short: block-causal attention through the varlen flash
+# kernel inside the captured step (docs/attention.md), the Qwen3 debug model captured
+# (docs/models.md), and Muon's optimizer step against AdamW's on the 1B flavor (its
+# time(ms) opt; docs/training.md "Muon").
+step_new_paths() {
+  need_gpu
+  local cap=(--training.device cuda --compile.enable true --training.steps 12 --metrics.log_freq 1)
+  train varlen_captured --config configs/llama3_debug.toml "${cap[@]}" \
+    --model.attn_mask_type block_causal --training.seq_len 512 --training.local_batch_size 4 || exit 1
+  grep -q "captured the train step" "$work/runs/varlen_captured.log" || { fig "varlen: not captured"; exit 1; }
+  grep -q "=> attention: block_causal" "$work/runs/varlen_captured.log" || { fig "varlen: no block_causal line"; exit 1; }
+  train qwen3_captured --config configs/qwen3_debug.toml "${cap[@]}" --training.seq_len 512 \
+    --training.local_batch_size 4 || exit 1
+  grep -q "captured the train step" "$work/runs/qwen3_captured.log" || { fig "qwen3: not captured"; exit 1; }
+  local m=(--config configs/llama3_debug.toml --model.flavor 1B --training.device cuda
+    --training.seq_len 2048 --training.local_batch_size 2 --training.steps 6 --metrics.log_freq 1)
+  train opt_adamw_1b "${m[@]}" || exit 1
+  train opt_muon_1b "${m[@]}" --optimizer.name Muon || exit 1
+  "$py" - "$work/runs/opt_adamw_1b/metrics.jsonl" "$work/runs/opt_muon_1b/metrics.jsonl" >>"$FIG" <<'PY'
+import json, statistics, sys
+def opt_ms(path):
+    rows = [json.loads(l) for l in open(path) if '"loss"' in l][2:]
+    return statistics.median(r["time_optimizer_ms"] for r in rows)
+a, m = opt_ms(sys.argv[1]), opt_ms(sys.argv[2])
+print(f"1B optimizer step: AdamW {a:.1f} ms, Muon {m:.1f} ms ({m / a:.2f}x)", end=" ")
 PY
 }
 
