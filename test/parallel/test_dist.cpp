@@ -1380,7 +1380,7 @@ TEST_CASE("collapsed routing under EP 2 trains on and equals one process, every 
   };
   const std::vector<Run> runs = {
       {"exact", "--moe.ep_exchange exact"},
-      {"static factor 1 re-run, grouped_mm, compile",
+      {"static factor 1 re-run, compile (grouped layout, CPU kernel)",
        "--compile.enable true --moe.ep_capacity_factor 1 --moe.ep_capacity_factor_max 1"},
       {"static worst case, loop",
        "--moe.ep_exchange static --moe.ep_capacity_factor inf --moe.experts_backend loop"},
