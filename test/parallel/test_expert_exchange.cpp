@@ -311,18 +311,9 @@ std::vector<at::Tensor> zero_reference(ExpertsBackend backend, const std::vector
 // Rank r of 2 in this thread: the layer with rank r's experts, through `v`'s exchange, on
 // rank r's tokens, against the references. worst: the largest relative error of y, dx and
 // every gradient; counts: this rank's routed rows per expert; error: what threw, if anything.
-void zero_rank(int rank, int port, ExpertsBackend backend, const ZeroCase& c, const Variant& v,
-               double& worst, at::Tensor& counts, std::string& error) {
+void zero_rank(int rank, ProcessGroup& pg, ExpertsBackend backend, const ZeroCase& c,
+               const Variant& v, double& worst, at::Tensor& counts, std::string& error) {
   try {
-    LaunchEnv env;
-    env.source = "test";
-    env.rank = env.local_rank = rank;
-    env.world_size = env.local_world_size = 2;
-    env.master_addr = "127.0.0.1";
-    env.master_port = port;
-    CommSection cs;
-    cs.init_timeout_seconds = cs.train_timeout_seconds = 30;
-    ProcessGroup pg(env, cs, /*cuda=*/false);
     ParamStore store;
     MoELayer moe(zero_args(backend), kZeroD, kZeroH, "moe.", store, at::kCPU, 0.1);
     store.initialize(2);  // the same whole weights on both ranks (and in the reference)
@@ -364,6 +355,42 @@ void zero_rank(int rank, int port, ExpertsBackend backend, const ZeroCase& c, co
   }
 }
 
+// One outcome per (case, exchange, kernel) of one rank.
+struct ZeroOutcome {
+  std::string what;
+  double worst = 0;
+  at::Tensor counts;
+  std::string error;
+};
+
+// Rank r of 2 in this thread: one gloo group (one port) for every (case, exchange, kernel)
+// in turn.
+std::vector<ZeroOutcome> zero_all(int rank, int port) {
+  std::vector<ZeroOutcome> out;
+  try {
+    LaunchEnv env;
+    env.source = "test";
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = 2;
+    env.master_addr = "127.0.0.1";
+    env.master_port = port;
+    CommSection cs;
+    cs.init_timeout_seconds = cs.train_timeout_seconds = 30;
+    ProcessGroup pg(env, cs, /*cuda=*/false);
+    for (const ZeroCase& c : kZeroCases)
+      for (const Variant& v : zero_variants())
+        for (auto backend : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+          ZeroOutcome o;
+          o.what = std::string(c.name) + "; " + v.name + "; " + experts_backend_name(backend);
+          zero_rank(rank, pg, backend, c, v, o.worst, o.counts, o.error);
+          out.push_back(o);
+        }
+  } catch (const std::exception& e) {
+    out.push_back({"the process group", 0, at::Tensor(), e.what()});
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -379,25 +406,25 @@ TEST_CASE(
   // gradient is the sum of both ranks' references. Output, input gradient and every weight
   // gradient within 1e-5 of the largest reference value (fp32; the GEMMs' rows in another
   // order).
-  int n = 0;
+  const int port = 26000 + static_cast<int>(::getpid() % 20000);
+  std::vector<ZeroOutcome> r0, r1;
+  std::thread t1([&] { r1 = zero_all(1, port); });
+  r0 = zero_all(0, port);
+  t1.join();
+  REQUIRE(r0.size() == r1.size());
+  REQUIRE(r0.size() == 24);  // 3 cases x 4 exchanges x 2 kernels
+  size_t i = 0;
   for (const ZeroCase& c : kZeroCases)
-    for (const Variant& v : zero_variants())
-      for (auto backend : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
-        INFO(c.name << "; " << v.name << "; " << experts_backend_name(backend));
-        const int port = 26000 + static_cast<int>(::getpid() % 20000) + 7 * n++ % 9000;
-        double worst0 = 0, worst1 = 0;
-        at::Tensor counts0, counts1;
-        std::string err0, err1;
-        std::thread r1([&] { zero_rank(1, port, backend, c, v, worst1, counts1, err1); });
-        zero_rank(0, port, backend, c, v, worst0, counts0, err0);
-        r1.join();
-        CHECK(err0 == "");
-        CHECK(err1 == "");
-        if (!err0.empty() || !err1.empty()) continue;
-        // The planted routing: no row of either rank goes to its avoided experts.
-        for (int r : {0, 1})
-          for (int64_t e : c.off[r]) CHECK((r == 0 ? counts0 : counts1)[e].item<double>() == 0);
-        CHECK(worst0 < 1e-5);
-        CHECK(worst1 < 1e-5);
-      }
+    for (size_t n = 0; n < 8; ++n, ++i) {
+      INFO(r0[i].what);
+      CHECK(r0[i].error == "");
+      CHECK(r1[i].error == "");
+      if (!r0[i].error.empty() || !r1[i].error.empty()) continue;
+      // The planted routing: no row of either rank goes to its avoided experts.
+      for (int r : {0, 1})
+        for (int64_t e : c.off[r])
+          CHECK((r == 0 ? r0[i].counts : r1[i].counts)[e].item<double>() == 0);
+      CHECK(r0[i].worst < 1e-5);
+      CHECK(r1[i].worst < 1e-5);
+    }
 }
