@@ -91,9 +91,10 @@ TEST_CASE("estimate: under pipeline parallelism each pipeline rank gets its fit 
   // state per pipeline rank and printed no verdict. Now one line per pipeline rank, its
   // margin = its state + its activations in flight - (79.2 - 4) GiB, with the keys to change;
   // the debugmodel on PP 2 fits on both ranks.
-  auto big = estimate("--config configs/llama3_8b.toml --world 16 --gpu h100 --set "
-                      "'model.flavor=\"405B\"' --parallelism.pipeline_parallel_degree 2 "
-                      "--training.local_batch_size 2");
+  auto big = estimate(
+      "--config configs/llama3_8b.toml --world 16 --gpu h100 --set "
+      "'model.flavor=\"405B\"' --parallelism.pipeline_parallel_degree 2 "
+      "--training.local_batch_size 2");
   INFO(big.out);
   REQUIRE(big.rc == 0);
   for (int r : {0, 1}) {
@@ -104,7 +105,8 @@ TEST_CASE("estimate: under pipeline parallelism each pipeline rank gets its fit 
     CHECK(state > 700);
     std::smatch m;
     const std::string out = big.out;
-    REQUIRE(std::regex_search(out, m, std::regex(who + R"(DOES NOT FIT[^\n]*: ([0-9.]+) GiB over)")));
+    REQUIRE(
+        std::regex_search(out, m, std::regex(who + R"(DOES NOT FIT[^\n]*: ([0-9.]+) GiB over)")));
     CHECK(std::stod(m[1]) == Approx(state + act - (79.2 - 4.0)).margin(0.01));
   }
   CHECK_THAT(big.out, Catch::Matchers::Contains(

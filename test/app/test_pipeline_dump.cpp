@@ -86,9 +86,9 @@ TEST_CASE("dump-schedule: explicit module_fqns_per_model_part and a schedule CSV
                            Contains("1      1     layers.1-5, norm, output\n"));
   // --dump-config writes it back in torchtitan's form (at degree 2: at 1 the key has no
   // effect and exits 2).
-  auto back = test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
-                        dir.file("split.toml") +
-                        " --parallelism.pipeline_parallel_degree 2 --dump-config");
+  auto back =
+      test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
+                dir.file("split.toml") + " --parallelism.pipeline_parallel_degree 2 --dump-config");
   CHECK_THAT(back.out, Contains("module_fqns_per_model_part = [['tok_embeddings', "
                                 "'layers.0'], ['layers.1', 'layers.2'"));
   // The command line's form: stages separated by commas, modules by spaces.
