@@ -122,6 +122,9 @@ std::map<std::string, double> EpCapacityControl::take_metrics() {
     m["moe_ep_buffer_bytes"] = static_cast<double>(ex_->buffer_bytes());
     m["moe_ep_exact_only"] = exact_only_ ? 1 : 0;
   }
+  // Where no overflow is checked (the worst-case capacity, a drop policy) no flag is read in
+  // settle(): the static exchange's own peak, read here.
+  peak_rows_ = std::max(peak_rows_, ex_->take_static_peak_rows());
   const int64_t n = ex_->routed_rows();
   m["moe_ep_peak_pair_load"] = n > 0 ? static_cast<double>(peak_rows_) *
                                            static_cast<double>(ex_->size()) / static_cast<double>(n)

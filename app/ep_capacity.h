@@ -65,7 +65,8 @@ class EpCapacityControl {
   // Per log step: moe_ep_overflows, moe_ep_reruns (steps since the last call),
   // moe_ep_capacity_factor, moe_ep_capacity_rows, moe_ep_buffer_bytes, moe_ep_exact_only,
   // and moe_ep_peak_pair_load (the most rows one rank sent one destination in a step since
-  // the last call, over the balanced share N / P; 0 when not measured). Resets the counts.
+  // the last call, over the balanced share N / P: with overflow checks the maximum over the
+  // ep ranks, else this rank's own, measured by every exchange). Resets the counts.
   std::map<std::string, double> take_metrics();
 
   int64_t overflows() const { return overflows_total_; }

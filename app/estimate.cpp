@@ -588,9 +588,10 @@ void print_pipeline_p2p(const JobConfig& cfg, const ModelInfo& info, const Pipel
 // the bytes each stage's context-parallel K/V exchange sends per micro-batch (zeros without
 // CP): the forward's all-gathers, the recompute's, and their reduce-scatters in backward.
 std::vector<double> print_pipeline_activations(const JobConfig& inner, int64_t stage_world,
-                                               const PipelinePlan& plan) {
+                                               const PipelinePlan& plan, int64_t microbatch,
+                                               std::vector<double>& rank_peaks) {
   Plan pl = make_plan(inner, stage_world);
-  pl.local_batch = inner.parallelism.pipeline_parallel_microbatch_size;
+  pl.local_batch = microbatch;
   auto cp_sent = std::make_shared<double>(0);
   std::unique_ptr<Model> m = activation_model(inner, pl, cp_sent);
   std::vector<double> per_stage, cp_bytes;
@@ -609,7 +610,8 @@ std::vector<double> print_pipeline_activations(const JobConfig& inner, int64_t s
   for (size_t r = 0; r < plan.schedule.ranks.size(); ++r) {
     char name[48];
     std::snprintf(name, sizeof name, "pipeline rank %zu, peak in flight", r);
-    print_gib(name, peak_in_flight(plan.schedule.ranks[r], per_stage));
+    rank_peaks.push_back(peak_in_flight(plan.schedule.ranks[r], per_stage));
+    print_gib(name, rank_peaks.back());
   }
   if (pl.cp > 1)
     for (const PipelineStageSpec& sp : plan.stages.stages)
@@ -624,8 +626,9 @@ std::vector<double> print_pipeline_activations(const JobConfig& inner, int64_t s
 // into it) x tp as evenly as FSDP and TP allow; under FSDP also its weights gathered in the
 // compute dtype, which stay whole through the step (each micro-batch's forward and backward
 // uses them).
-void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStagePlan& st,
-                        int64_t dp_shard) {
+// Returns each pipeline rank's bytes: its stages' state and gathered weights.
+std::vector<double> print_stage_memory(const JobConfig& cfg, const Model& m,
+                                       const PipelineStagePlan& st, int64_t dp_shard) {
   const int64_t tp = cfg.parallelism.tensor_parallel_degree, pp = st.pp_degree;
   const int64_t ep = cfg.parallelism.expert_parallel_degree;
   // The routed experts: split over tp only under expert tensor parallelism, and FSDP gathers
@@ -673,6 +676,52 @@ void print_stage_memory(const JobConfig& cfg, const Model& m, const PipelineStag
     char name[48];
     std::snprintf(name, sizeof name, "pipeline rank %lld, its stages", static_cast<long long>(r));
     print_gib(name, per_rank[static_cast<size_t>(r)]);
+  }
+  return per_rank;
+}
+
+// The fit verdict of each pipeline rank: its stages' state and gathered weights plus the
+// most activations its schedule keeps in flight, against the card (what print_fit says
+// without PP), and for a rank that does not fit the keys that shrink the larger part.
+void print_pipeline_fit(const JobConfig& cfg, const std::vector<double>& state,
+                        const std::vector<double>& activations, const Gpu& g,
+                        const std::string& gpu, int64_t dp_shard) {
+  constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+  const double budget = g.memory_gib - kReserveGib;
+  const auto& par = cfg.parallelism;
+  for (size_t r = 0; r < state.size(); ++r) {
+    const double total = (state[r] + activations[r]) / kGib, margin = budget - total;
+    std::printf(
+        "fit: pipeline rank %zu: %s on one %s (%.1f GiB, %.0f GiB held back for the CUDA "
+        "context, workspaces and fragmentation): %.2f GiB %s (its stages' state %.2f "
+        "GiB + activations in flight %.2f GiB = %.2f GiB)\n",
+        r, margin >= 0 ? "FITS" : "DOES NOT FIT", gpu.c_str(), g.memory_gib, kReserveGib,
+        std::abs(margin), margin >= 0 ? "to spare" : "over", state[r] / kGib, activations[r] / kGib,
+        total);
+    if (margin >= 0) continue;
+    std::printf("  to fit: ");
+    if (state[r] >= activations[r])
+      std::printf(
+          "spread its stages' parameters, gradients and AdamW state over more ranks: "
+          "raise parallelism.pipeline_parallel_degree (now %lld), "
+          "data_parallel_shard_degree (now %lld, with --world) or tensor_parallel_degree "
+          "(now %lld); ",
+          static_cast<long long>(par.pipeline_parallel_degree), static_cast<long long>(dp_shard),
+          static_cast<long long>(par.tensor_parallel_degree));
+    std::printf(
+        "keep fewer activations in flight: lower "
+        "parallelism.pipeline_parallel_microbatch_size (now %lld) or training.seq_len "
+        "(now %lld), raise context_parallel_degree (now %lld), or a schedule that holds "
+        "fewer micro-batches (parallelism.pipeline_parallel_schedule, now \"%s\"; GPipe "
+        "holds them all)",
+        static_cast<long long>(par.pipeline_parallel_microbatch_size),
+        static_cast<long long>(cfg.training.seq_len),
+        static_cast<long long>(par.context_parallel_degree),
+        par.pipeline_parallel_schedule.c_str());
+    if (cfg.activation_checkpoint.mode != "full")
+      std::printf("; set activation_checkpoint.mode = \"full\" (now \"%s\")",
+                  cfg.activation_checkpoint.mode.c_str());
+    std::printf("\n");
   }
 }
 
@@ -749,9 +798,22 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
     throw UserError("estimate --world " + std::to_string(world) +
                     " is not a multiple of parallelism.pipeline_parallel_degree = " +
                     std::to_string(pp) + "; allowed: a multiple of it");
-  // The ranks of one stage: data and tensor parallel as without PP, over world / pp.
+  // The ranks of one stage: data and tensor parallel as without PP, over world / pp (the
+  // pipeline keys at their defaults, which is all degree 1 allows).
   JobConfig inner = cfg;
-  inner.parallelism.pipeline_parallel_degree = 1;
+  {
+    const ParallelismSection def = default_config().parallelism;
+    auto& q = inner.parallelism;
+    q.pipeline_parallel_degree = 1;
+    q.pipeline_parallel_schedule = def.pipeline_parallel_schedule;
+    q.pipeline_parallel_schedule_csv = def.pipeline_parallel_schedule_csv;
+    q.pipeline_parallel_microbatch_size = def.pipeline_parallel_microbatch_size;
+    q.pipeline_parallel_layers_per_stage = def.pipeline_parallel_layers_per_stage;
+    q.pipeline_parallel_first_stage_less_layers = def.pipeline_parallel_first_stage_less_layers;
+    q.pipeline_parallel_last_stage_less_layers = def.pipeline_parallel_last_stage_less_layers;
+    q.pipeline_parallel_expert_parallel_overlap = def.pipeline_parallel_expert_parallel_overlap;
+    q.module_fqns_per_model_part = def.module_fqns_per_model_part;
+  }
   validate_for_world(inner, world / pp);
   const DerivedConfig d = derive_config(inner, world / pp);
   const int64_t tp = par.tensor_parallel_degree;
@@ -786,8 +848,12 @@ int estimate_pipeline(const JobConfig& cfg, int64_t world, const std::string& gp
   print_pipeline_p2p(cfg, info, plan);
 
   // FSDP shards each stage over dp_shard x cp (context parallelism folds into it).
-  print_stage_memory(cfg, *m, st, d.dp_shard * par.context_parallel_degree);
-  const std::vector<double> cp_bytes = print_pipeline_activations(inner, world / pp, plan);
+  const int64_t shard = d.dp_shard * par.context_parallel_degree;
+  const std::vector<double> state = print_stage_memory(cfg, *m, st, shard);
+  std::vector<double> peaks;
+  const std::vector<double> cp_bytes = print_pipeline_activations(
+      inner, world / pp, plan, par.pipeline_parallel_microbatch_size, peaks);
+  print_pipeline_fit(cfg, state, peaks, gpu_named(gpu), gpu, d.dp_shard);
   print_pipeline_time(cfg, info, plan, gpu_named(gpu), world, d.grad_accum_steps, cp_bytes);
   return 0;
 }

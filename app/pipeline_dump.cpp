@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/base/errors.h"
+#include "core/base/log.h"
 #include "models/registry.h"
 
 namespace titan {
@@ -147,8 +148,21 @@ std::string describe_pipeline(const JobConfig& cfg, const PipelinePlan& plan) {
 }
 
 int run_dump_schedule(const JobConfig& cfg) {
-  // The meta device allocates nothing: only the layer count and the tying are read.
-  std::unique_ptr<Model> m = build_model(cfg, at::kMeta, /*defer_params=*/false);
+  // Exit 2, not a one-stage drawing: with degree 1 training runs no pipeline, so a schedule
+  // printed here would describe nothing that runs, and a script asking for one learns that
+  // its config has no pipeline (as the pipeline keys at degree 1 exit 2).
+  if (cfg.parallelism.pipeline_parallel_degree == 1)
+    throw UserError(
+        "--dump-schedule with parallelism.pipeline_parallel_degree = 1: there is no pipeline "
+        "(training runs the whole model on every rank, no stages, no schedule); allowed: "
+        "pipeline_parallel_degree > 1 (e.g. --parallelism.pipeline_parallel_degree 2)");
+  // The meta device allocates nothing: only the layer count and the tying are read. Its
+  // start-up lines (the MoE experts backend) would be stray in the report.
+  std::unique_ptr<Model> m;
+  {
+    QuietInfoScope quiet;
+    m = build_model(cfg, at::kMeta, /*defer_params=*/false);
+  }
   const bool tied = m->params().index_of("output.weight") < 0;
   const PipelinePlan plan = plan_pipeline(cfg, m->info().n_layers, tied);
   std::printf("%s", describe_pipeline(cfg, plan).c_str());

@@ -29,10 +29,14 @@ using torch::autograd::variable_list;
 struct PaddedPermute : public torch::autograd::Function<PaddedPermute> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gather,
                             const at::Tensor& scatter, const at::Tensor& pad_rows) {
-    at::Tensor out = x.index_select(0, gather);
-    out.index_fill_(0, pad_rows, 0);
     ctx->saved_data["rows"] = x.size(0);
     ctx->saved_data["scatter"] = scatter;
+    // No rows at all (an expert-parallel rank that collapsed routing sends nothing): every
+    // row is padding, and a gather from an empty x would be refused (index_select needs a
+    // non-empty source even for the padding rows' index 0).
+    if (x.size(0) == 0) return at::zeros({gather.size(0), x.size(1)}, x.options());
+    at::Tensor out = x.index_select(0, gather);
+    out.index_fill_(0, pad_rows, 0);
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list go) {
@@ -130,6 +134,8 @@ at::Tensor permute_tokens(const at::Tensor& x, const Dispatch& d) {
 }
 
 at::Tensor permute_slots(const at::Tensor& per_slot, const Dispatch& d) {
+  // No slots (N = 0): the aligned layout is all padding, which takes slot 0's value (none).
+  if (per_slot.numel() == 0 && d.align > 0) return at::zeros({d.padded_rows}, per_slot.options());
   return per_slot.reshape({-1}).index_select(0, d.align > 0 ? d.padded_order : d.order);
 }
 

@@ -144,6 +144,14 @@ class ProcessGroupExchange : public ExpertExchange {
     return agreed_;
   }
 
+  int64_t take_static_peak_rows() override {
+    if (!overflow_.defined()) return 0;
+    at::NoGradGuard ng;
+    const int64_t p = overflow_[1].item<int64_t>();  // the log step's read
+    overflow_.zero_();  // in place: a captured step's dispatches add into this tensor
+    return p;
+  }
+
   int64_t take_exact_peak_rows() override {
     const int64_t p = exact_peak_;
     exact_peak_ = 0;

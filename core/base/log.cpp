@@ -10,6 +10,7 @@
 namespace titan {
 namespace {
 int64_t g_rank = 0;
+bool g_quiet = false;  // QuietInfoScope
 
 std::string stamp() {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -29,7 +30,7 @@ int64_t log_rank() {
 }
 
 void log_info(const std::string& msg) {
-  if (g_rank != 0) return;
+  if (g_rank != 0 || g_quiet) return;
   std::fprintf(stdout, "[titan %s] %s\n", stamp().c_str(), msg.c_str());
   std::fflush(stdout);
 }
@@ -38,6 +39,13 @@ void log_warn(const std::string& msg) {
   std::fprintf(stderr, "[titan %s rank %lld] warning: %s\n", stamp().c_str(),
                static_cast<long long>(g_rank), msg.c_str());
   std::fflush(stderr);
+}
+
+QuietInfoScope::QuietInfoScope() : was_(g_quiet) {
+  g_quiet = true;
+}
+QuietInfoScope::~QuietInfoScope() {
+  g_quiet = was_;
 }
 
 bool log_is_tty() {

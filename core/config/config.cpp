@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -239,6 +241,57 @@ void validate_capacity_factor(const JobConfig& cfg) {
     throw UserError("moe.ep_capacity_factor = " + format_double(f) + " has no effect with " + why +
                     "; allowed: moe.ep_exchange = \"static\" with expert_parallel_degree > 1, "
                     "or ep_capacity_factor = inf");
+}
+
+// Keys that act only where their feature runs: set away from their default without it they
+// would be accepted and ignored (issue 45), so each exits 2 naming the key, the feature
+// missing and what is allowed. Only a changed value is refused: torchtitan's own configs
+// leave these at their defaults where the feature is off (pipeline keys at degree 1, the
+// float8 recipe without the converter), and `filter_fqns`, which they do set without the
+// converter, is not among them.
+void validate_inactive_keys(const JobConfig& cfg) {
+  auto lower = [](std::string x) {
+    std::transform(x.begin(), x.end(), x.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return x;
+  };
+  auto changed = [&](const std::string& name) -> std::optional<std::string> {
+    const Option* o = find_option(name);
+    if (!o || !o->get) return std::nullopt;
+    OptValue v = o->get(cfg), d = o->default_value;
+    // The schedule's name is read in any case: "1f1b" is the default.
+    if (name == "parallelism.pipeline_parallel_schedule")
+      if (lower(std::get<std::string>(v)) == lower(std::get<std::string>(d))) return std::nullopt;
+    if (v == d) return std::nullopt;
+    return format_option_value(v) + " has no effect";
+  };
+  const auto& p = cfg.parallelism;
+  if (p.pipeline_parallel_degree == 1)
+    for (const char* key :
+         {"pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+          "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
+          "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+          "pipeline_parallel_expert_parallel_overlap", "module_fqns_per_model_part"}) {
+      const std::string name = std::string("parallelism.") + key;
+      if (auto what = changed(name))
+        throw UserError(name + " = " + *what +
+                        " with parallelism.pipeline_parallel_degree = 1 (no pipeline); allowed: "
+                        "pipeline_parallel_degree > 1, or " +
+                        key + " at its default (" +
+                        format_option_value(find_option(name)->default_value) + ")");
+    }
+  if (p.expert_parallel_degree == 1)
+    if (auto what = changed("moe.ep_drop_policy"))
+      throw UserError("moe.ep_drop_policy = " + *what +
+                      " with parallelism.expert_parallel_degree = 1 (no expert-parallel "
+                      "exchange, nothing is dropped); allowed: ep_drop_policy = \"none\", or "
+                      "expert_parallel_degree > 1 with moe.ep_exchange = \"static\"");
+  if (!float8_linear_enabled(cfg))
+    if (auto what = changed("quantize.linear.float8.recipe_name"))
+      throw UserError("quantize.linear.float8.recipe_name = " + *what +
+                      " without the float8 converter (model.converters has no \"float8\" or "
+                      "\"quantize.linear.float8\"); allowed: add the converter, or recipe_name "
+                      "at its default (\"tensorwise\")");
 }
 
 }  // namespace
@@ -670,6 +723,7 @@ void validate_config(const JobConfig& cfg) {
                     "worst case, which never overflows)");
   validate_checkpoint_keys(cfg.checkpoint);
   validate_capacity_factor(cfg);
+  validate_inactive_keys(cfg);
   if (cfg.checkpoint.create_seed_checkpoint && !cfg.checkpoint.enable)
     throw UserError(
         "checkpoint.create_seed_checkpoint = true with checkpoint.enable = false; allowed: "

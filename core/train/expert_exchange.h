@@ -83,6 +83,12 @@ class ExpertExchange {
   // Exact exchange: the most rows a training dispatch sent one destination since the last
   // call (host, read anyway with the splits); 0 under the static exchange.
   virtual int64_t take_exact_peak_rows() { return 0; }
+  // Static exchange: the most rows a training dispatch of this rank sent one destination since
+  // the last call or the last reduce_overflow() (which restarts it), read on the host (a log
+  // step's read, outside the captured work); the accumulators restart. 0 when no static
+  // dispatch ran. What reports the pair load where no overflow is checked (the worst-case
+  // capacity, a drop policy), which never calls reduce_overflow().
+  virtual int64_t take_static_peak_rows() { return 0; }
   // Rows routed per rank in the last dispatch (N), for the metrics' balanced share N / P.
   virtual int64_t routed_rows() const { return 0; }
 };

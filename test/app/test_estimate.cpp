@@ -85,6 +85,45 @@ TEST_CASE("estimate: says whether the plan fits the GPU, with the margin", "[app
                            Catch::Matchers::Contains("(assumed:"));
 }
 
+TEST_CASE("estimate: under pipeline parallelism each pipeline rank gets its fit verdict",
+          "[app][estimate][pp]") {
+  // Issue 45: llama3 405B, world 16, PP 2 (dp_shard 8 per stage) holds about 756 GiB of
+  // state per pipeline rank and printed no verdict. Now one line per pipeline rank, its
+  // margin = its state + its activations in flight - (79.2 - 4) GiB, with the keys to change;
+  // the debugmodel on PP 2 fits on both ranks.
+  auto big = estimate(
+      "--config configs/llama3_8b.toml --world 16 --gpu h100 --set "
+      "'model.flavor=\"405B\"' --parallelism.pipeline_parallel_degree 2 "
+      "--training.local_batch_size 2");
+  INFO(big.out);
+  REQUIRE(big.rc == 0);
+  for (int r : {0, 1}) {
+    const std::string who = "fit: pipeline rank " + std::to_string(r) + ": ";
+    CHECK_THAT(big.out, Catch::Matchers::Contains(who + "DOES NOT FIT on one h100 (79.2 GiB"));
+    const double state = gib_of(big.out, "pipeline rank " + std::to_string(r) + ", its stages");
+    const double act = gib_of(big.out, "pipeline rank " + std::to_string(r) + ", peak in flight");
+    CHECK(state > 700);
+    std::smatch m;
+    const std::string out = big.out;
+    REQUIRE(
+        std::regex_search(out, m, std::regex(who + R"(DOES NOT FIT[^\n]*: ([0-9.]+) GiB over)")));
+    CHECK(std::stod(m[1]) == Approx(state + act - (79.2 - 4.0)).margin(0.01));
+  }
+  CHECK_THAT(big.out, Catch::Matchers::Contains(
+                          "to fit: spread its stages' parameters, gradients and AdamW state over "
+                          "more ranks: raise parallelism.pipeline_parallel_degree (now 2), "
+                          "data_parallel_shard_degree (now 8") &&
+                          Catch::Matchers::Contains("pipeline_parallel_microbatch_size (now 1)") &&
+                          Catch::Matchers::Contains("activation_checkpoint.mode"));
+  auto small = estimate(
+      "--config configs/llama3_debug.toml --world 2 --parallelism.pipeline_parallel_degree 2");
+  INFO(small.out);
+  REQUIRE(small.rc == 0);
+  CHECK_THAT(small.out, Catch::Matchers::Contains("fit: pipeline rank 0: FITS on one h100") &&
+                            Catch::Matchers::Contains("fit: pipeline rank 1: FITS on one h100"));
+  CHECK_THAT(small.out, !Catch::Matchers::Contains("to fit:"));
+}
+
 TEST_CASE("estimate: tensor parallelism divides the parameters and counts its collectives",
           "[app][estimate][tp]") {
   // torchtitan's llama3_70b.toml (TP 8, FSDP over the rest) on 64 GPUs: each rank holds

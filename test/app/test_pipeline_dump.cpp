@@ -84,9 +84,11 @@ TEST_CASE("dump-schedule: explicit module_fqns_per_model_part and a schedule CSV
   CHECK(toml.rc == 0);
   CHECK_THAT(toml.out, Contains("0      0     tok_embeddings, layers.0\n") &&
                            Contains("1      1     layers.1-5, norm, output\n"));
-  // --dump-config writes it back in torchtitan's form.
-  auto back = test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
-                        dir.file("split.toml") + " --dump-config");
+  // --dump-config writes it back in torchtitan's form (at degree 2: at 1 the key has no
+  // effect and exits 2).
+  auto back =
+      test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
+                dir.file("split.toml") + " --parallelism.pipeline_parallel_degree 2 --dump-config");
   CHECK_THAT(back.out, Contains("module_fqns_per_model_part = [['tok_embeddings', "
                                 "'layers.0'], ['layers.1', 'layers.2'"));
   // The command line's form: stages separated by commas, modules by spaces.
@@ -160,11 +162,32 @@ TEST_CASE("dump-schedule: PP training on too few ranks is refused, naming --dump
                              "world has 1") &&
                         Contains("torchrun --nproc_per_node 2") && Contains("--dump-schedule"));
   CHECK(lines(r.out) == 1);
-  // PP 1 (the default) still plans: one stage with every module, no bubble.
+}
+
+TEST_CASE("dump-schedule: PP 1 exits 2 saying there is no pipeline", "[pp][cli]") {
+  // Exit 2, not a one-stage drawing of a schedule training never runs (issue 45): the
+  // config has no pipeline, which is what a script asking for its schedule must learn.
   auto one = test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
                        test::source_dir() + "/configs/llama3_debug.toml --dump-schedule");
   INFO(one.out);
-  CHECK(one.rc == 0);
-  CHECK_THAT(one.out, Contains("0      0     tok_embeddings, layers.0-5, norm, output\n") &&
-                          Contains("bubble fraction 0.0000"));
+  CHECK(one.rc == 2);
+  CHECK_THAT(one.out, Contains("--dump-schedule with parallelism.pipeline_parallel_degree = 1: "
+                               "there is no pipeline"));
+  CHECK(lines(one.out) == 1);
+}
+
+TEST_CASE("dump-schedule: MoE configs print the report only, no start-up log line",
+          "[pp][cli][moe]") {
+  // The meta-device model build used to log "=> MoE experts backend = ..." into the report.
+  for (const char* model : {"llama4", "deepseek_v3"}) {
+    INFO(model);
+    auto r = test::run("env -u RANK -u WORLD_SIZE " + test::binary() + " --config " +
+                       test::source_dir() + "/configs/" + model +
+                       "_debug.toml --parallelism.pipeline_parallel_degree 2 --dump-schedule");
+    INFO(r.out);
+    CHECK(r.rc == 0);
+    CHECK_THAT(r.out, Contains("schedule check: passed"));
+    CHECK_THAT(r.out, !Contains("experts backend") && !Contains("[titan "));
+    CHECK(r.out.rfind("pipeline: ", 0) == 0);  // the report's first line comes first
+  }
 }

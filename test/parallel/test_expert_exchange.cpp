@@ -6,6 +6,9 @@
 
 #include <unistd.h>
 
+#include <stdexcept>
+#include <thread>
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "core/config/config.h"
@@ -225,4 +228,203 @@ TEST_CASE("expert exchange: DeepSeek-V3 671B's receive buffer at the default fac
   CHECK(at4 == 4 * balanced);
   CHECK(worst == 32 * balanced);
   CHECK(ep_static_capacity(T * K, K, P, El, 2.0) == 1024);
+}
+
+namespace {
+
+// Routing planted through the expert bias (added to the scores for selection only, so the
+// gate weights stay the router's): -10 on an expert keeps every token off it (sigmoid
+// scores are in (0, 1)). E = 4 over 2 ranks: rank 0 holds experts 0, 1, rank 1 experts 2, 3.
+struct ZeroCase {
+  const char* name;
+  std::vector<int64_t> off[2];  // the experts each rank's tokens avoid
+};
+
+const ZeroCase kZeroCases[] = {
+    {"an expert (3) receives no rows", {{3}, {3}}},
+    {"all experts of rank 1 receive no rows (rank 1 receives nothing)", {{2, 3}, {2, 3}}},
+    {"the pairs (0 -> 1) and (1 -> 0) carry no rows", {{2, 3}, {0, 1}}},
+};
+
+struct Variant {
+  const char* name;
+  EpExchangeOptions opt;
+  bool forced_exact = false;  // the overflow re-run: the static exchange switched to exact
+};
+
+std::vector<Variant> zero_variants() {
+  std::vector<Variant> v;
+  v.push_back({"exact", {}, false});
+  EpExchangeOptions st;
+  st.fixed = true;
+  st.capacity_factor = INFINITY;
+  v.push_back({"static (worst case)", st, false});
+  st.capacity_factor = 2;  // E = 4, K = 2 over 2 ranks: factor 2 is the worst case, no drops
+  v.push_back({"static factor 2, re-run exactly", st, true});
+  st.drop_policy = EpDropPolicy::Probs;
+  v.push_back({"static factor 2, drop policy probs", st, false});
+  return v;
+}
+
+constexpr int64_t kZeroE = 4, kZeroD = 16, kZeroH = 24;
+
+MoEArgs zero_args(ExpertsBackend backend) {
+  MoEArgs a;
+  a.num_experts = kZeroE;
+  a.top_k = 2;
+  a.score_func = ScoreFunc::Sigmoid;
+  a.backend = backend;
+  return a;
+}
+
+at::Tensor zero_bias(const std::vector<int64_t>& off) {
+  at::Tensor b = at::zeros({kZeroE});
+  for (int64_t e : off) b[e] = -10.0;
+  return b;
+}
+
+// The input and output gradient of rank r.
+std::pair<at::Tensor, at::Tensor> zero_input(int rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(40 + rank);
+  at::Tensor x = at::randn({2, 12, kZeroD}, gen), g = at::randn({2, 12, kZeroD}, gen);
+  return {x, g};
+}
+
+// Reference: one process, the whole layer (all E experts, no exchange) on rank r's tokens
+// with rank r's routing: y, dx, then every weight's gradient (whole).
+std::vector<at::Tensor> zero_reference(ExpertsBackend backend, const std::vector<at::Tensor>& w0,
+                                       const ZeroCase& c, int rank) {
+  ParamStore store;
+  MoELayer moe(zero_args(backend), kZeroD, kZeroH, "moe.", store, at::kCPU, 0.1);
+  moe.expert_bias.copy_(zero_bias(c.off[rank]));
+  std::vector<at::Tensor> w;
+  for (auto& t : w0) w.push_back(t.clone().requires_grad_());
+  auto [x0, g] = zero_input(rank);
+  at::Tensor x = x0.clone().requires_grad_();
+  at::Tensor y = moe.forward(x, w, {true, false});
+  y.backward(g);
+  std::vector<at::Tensor> out{y.detach(), x.grad()};
+  for (auto& t : w) out.push_back(t.grad().defined() ? t.grad() : at::zeros_like(t));
+  return out;
+}
+
+// Rank r of 2 in this thread: the layer with rank r's experts, through `v`'s exchange, on
+// rank r's tokens, against the references. worst: the largest relative error of y, dx and
+// every gradient; counts: this rank's routed rows per expert; error: what threw, if anything.
+void zero_rank(int rank, ProcessGroup& pg, ExpertsBackend backend, const ZeroCase& c,
+               const Variant& v, double& worst, at::Tensor& counts, std::string& error) {
+  try {
+    ParamStore store;
+    MoELayer moe(zero_args(backend), kZeroD, kZeroH, "moe.", store, at::kCPU, 0.1);
+    store.initialize(2);  // the same whole weights on both ranks (and in the reference)
+    std::vector<at::Tensor> w0;
+    for (auto& p : store.all()) w0.push_back(p.value.detach().clone());
+    auto ex = make_expert_exchange(pg, v.opt);
+    if (v.forced_exact) ex->force_exact(true);
+    moe.set_expert_exchange(ex);
+    moe.expert_bias.copy_(zero_bias(c.off[rank]));
+    // This rank's experts: rows [r * El, (r + 1) * El) of w1, w2, w3 (store indices 1-3).
+    const int64_t El = kZeroE / 2;
+    std::vector<at::Tensor> w;
+    for (size_t i = 0; i < w0.size(); ++i)
+      w.push_back((i >= 1 && i <= 3 ? w0[i].narrow(0, rank * El, El).clone() : w0[i].clone())
+                      .requires_grad_());
+    auto [x0, g] = zero_input(rank);
+    at::Tensor x = x0.clone().requires_grad_();
+    at::Tensor y = moe.forward(x, w, {true, false});
+    y.backward(g);
+    const auto mine = zero_reference(backend, w0, c, rank);
+    const auto other = zero_reference(backend, w0, c, 1 - rank);
+    auto check = [&](const at::Tensor& ours, const at::Tensor& ref) {
+      if (!ours.defined() || ours.sizes() != ref.sizes())
+        throw std::runtime_error("a result of the wrong shape");
+      worst = std::max(worst, test::rel_err(ours, ref));
+    };
+    check(y.detach(), mine[0]);
+    check(x.grad(), mine[1]);
+    for (size_t i = 0; i < w.size(); ++i) {
+      at::Tensor got = w[i].grad().defined() ? w[i].grad() : at::zeros_like(w[i]);
+      // An expert's gradient sums the rows of both ranks' tokens; the rest is this rank's own.
+      const bool expert = i >= 1 && i <= 3;
+      check(got, expert ? (mine[2 + i] + other[2 + i]).narrow(0, rank * El, El) : mine[2 + i]);
+    }
+    counts = moe.tokens_per_expert.clone();  // this rank's routed rows per expert
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (auto nl = error.find('\n'); nl != std::string::npos) error.resize(nl);
+  }
+}
+
+// One outcome per (case, exchange, kernel) of one rank.
+struct ZeroOutcome {
+  std::string what;
+  double worst = 0;
+  at::Tensor counts;
+  std::string error;
+};
+
+// Rank r of 2 in this thread: one gloo group (one port) for every (case, exchange, kernel)
+// in turn.
+std::vector<ZeroOutcome> zero_all(int rank, int port) {
+  std::vector<ZeroOutcome> out;
+  try {
+    LaunchEnv env;
+    env.source = "test";
+    env.rank = env.local_rank = rank;
+    env.world_size = env.local_world_size = 2;
+    env.master_addr = "127.0.0.1";
+    env.master_port = port;
+    CommSection cs;
+    cs.init_timeout_seconds = cs.train_timeout_seconds = 30;
+    ProcessGroup pg(env, cs, /*cuda=*/false);
+    for (const ZeroCase& c : kZeroCases)
+      for (const Variant& v : zero_variants())
+        for (auto backend : {ExpertsBackend::Loop, ExpertsBackend::GroupedMM}) {
+          ZeroOutcome o;
+          o.what = std::string(c.name) + "; " + v.name + "; " + experts_backend_name(backend);
+          zero_rank(rank, pg, backend, c, v, o.worst, o.counts, o.error);
+          out.push_back(o);
+        }
+  } catch (const std::exception& e) {
+    out.push_back({"the process group", 0, at::Tensor(), e.what()});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "expert exchange: zero rows for an expert, for all experts of a rank and for a pair, "
+    "forward and backward, every exchange and both kernels",
+    "[moe][dist][ep_zero]") {
+  // Collapsed routing (issue 45): a rank that receives no rows made the exact exchange's
+  // receiver gather from an empty tensor. Two ranks in threads over a real gloo group, the
+  // routing planted by the expert bias; every exchange (exact, static at the worst case,
+  // the overflow re-run (static forced exact), the probs drop policy at a factor that drops
+  // nothing) and both kernels (loop, grouped_mm's CPU kernel). Reference: one process, the
+  // whole layer without expert parallelism on the same tokens and routing; an expert's
+  // gradient is the sum of both ranks' references. Output, input gradient and every weight
+  // gradient within 1e-5 of the largest reference value (fp32; the GEMMs' rows in another
+  // order).
+  const int port = 26000 + static_cast<int>(::getpid() % 20000);
+  std::vector<ZeroOutcome> r0, r1;
+  std::thread t1([&] { r1 = zero_all(1, port); });
+  r0 = zero_all(0, port);
+  t1.join();
+  REQUIRE(r0.size() == r1.size());
+  REQUIRE(r0.size() == 24);  // 3 cases x 4 exchanges x 2 kernels
+  size_t i = 0;
+  for (const ZeroCase& c : kZeroCases)
+    for (size_t n = 0; n < 8; ++n, ++i) {
+      INFO(r0[i].what);
+      CHECK(r0[i].error == "");
+      CHECK(r1[i].error == "");
+      if (!r0[i].error.empty() || !r1[i].error.empty()) continue;
+      // The planted routing: no row of either rank goes to its avoided experts.
+      for (int r : {0, 1})
+        for (int64_t e : c.off[r])
+          CHECK((r == 0 ? r0[i].counts : r1[i].counts)[e].item<double>() == 0);
+      CHECK(r0[i].worst < 1e-5);
+      CHECK(r1[i].worst < 1e-5);
+    }
 }
