@@ -155,10 +155,10 @@ bool wait_for(F cond, double seconds) {
 // Ends the current test case as skipped: ctest reports it as "Skipped", never as passed
 // (test/CMakeLists.txt sets SKIP_REGULAR_EXPRESSION to this marker). For tests that need
 // what this machine lacks (a GPU, an optional tool).
-#define TITAN_SKIP(why)                                                          \
-  do {                                                                           \
-    std::cout << "TITAN_TEST_SKIPPED: " << why << std::endl;                     \
-    return;                                                                      \
+#define TITAN_SKIP(why)                                      \
+  do {                                                       \
+    std::cout << "TITAN_TEST_SKIPPED: " << why << std::endl; \
+    return;                                                  \
   } while (0)
 
 // max |ours - ref| / max |ref| in double: the relative error the parity tests state.
@@ -198,6 +198,38 @@ std::pair<double, double> worst_rel(const std::map<int64_t, Step>& a,
     norm = std::max(norm, std::abs(s.grad_norm - t.grad_norm) / std::abs(s.grad_norm));
   }
   return {loss, norm};
+}
+
+// Loss and gradient norm of one logged step.
+struct StepFigures {
+  double loss = 0, grad_norm = 0;
+};
+
+// A metrics.jsonl's training steps.
+inline std::map<int64_t, StepFigures> step_figures(const std::string& metrics_jsonl) {
+  std::map<int64_t, StepFigures> out;
+  for (auto& [step, j] : training_metrics(metrics_jsonl))
+    out[step] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
+  return out;
+}
+
+// The larger of the two worst relative differences (loss, grad norm) over the steps of
+// `ref`; infinity when `got` lacks one of them. The "equals 1 rank" bound of the layouts.
+inline double worst_rel_either(const std::map<int64_t, StepFigures>& ref,
+                               const std::map<int64_t, StepFigures>& got) {
+  for (auto& [step, s] : ref)
+    if (!got.count(step)) return INFINITY;
+  const auto [loss, norm] = worst_rel(ref, got);
+  return std::max(loss, norm);
+}
+
+// The binary with `args` from the source folder on `nproc` ranks (torchrun beyond one),
+// dumping into `dump`.
+inline CmdResult train_ranks(int nproc, const std::string& args, const std::string& dump) {
+  const std::string bin = binary() + " " + args + " --job.dump_folder " + dump;
+  if (nproc == 1) return run("cd " + source_dir() + " && env -u RANK -u WORLD_SIZE " + bin);
+  return run("cd " + source_dir() + " && " + torchrun() + " --standalone --nproc_per_node " +
+             std::to_string(nproc) + " --no-python " + bin);
 }
 
 }  // namespace titan::test

@@ -44,35 +44,18 @@ const std::string& short_docs() {
 }
 
 test::CmdResult train(int nproc, const std::string& args, const std::string& dir) {
-  const std::string bin = test::binary() + " " + kCommon + "--training.dataset_path " +
-                          short_docs() + " " + args + " --job.dump_folder " + dir;
-  if (nproc == 1)
-    return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + bin);
-  return test::run("cd " + test::source_dir() + " && " + test::torchrun() +
-                   " --standalone --nproc_per_node " + std::to_string(nproc) + " --no-python " +
-                   bin);
+  return test::train_ranks(nproc, kCommon + "--training.dataset_path " + short_docs() + " " + args,
+                           dir);
 }
 
-struct Step {
-  double loss = 0, grad_norm = 0;
-};
+using Step = test::StepFigures;
 
 std::map<int64_t, Step> metrics(const test::TempDir& dir) {
-  std::map<int64_t, Step> out;
-  for (auto& [step, j] : test::training_metrics(dir.file("metrics.jsonl")))
-    out[step] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
-  return out;
+  return test::step_figures(dir.file("metrics.jsonl"));
 }
 
 double worst_rel(const std::map<int64_t, Step>& ref, const std::map<int64_t, Step>& got) {
-  double worst = 0;
-  for (auto& [step, a] : ref) {
-    if (!got.count(step)) return INFINITY;
-    const Step& b = got.at(step);
-    worst = std::max(worst, std::abs(a.loss - b.loss) / std::abs(a.loss));
-    worst = std::max(worst, std::abs(a.grad_norm - b.grad_norm) / std::abs(a.grad_norm));
-  }
-  return worst;
+  return test::worst_rel_either(ref, got);
 }
 
 }  // namespace

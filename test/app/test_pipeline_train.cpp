@@ -29,35 +29,18 @@ const std::string kCommon =
     "--comm.train_timeout_seconds 120 ";
 
 test::CmdResult train(int nproc, const std::string& args, const std::string& dir) {
-  const std::string bin = test::binary() + " " + kCommon + args + " --job.dump_folder " + dir;
-  if (nproc == 1)
-    return test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + bin);
-  return test::run("cd " + test::source_dir() + " && " + test::torchrun() +
-                   " --standalone --nproc_per_node " + std::to_string(nproc) + " --no-python " +
-                   bin);
+  return test::train_ranks(nproc, kCommon + args, dir);
 }
 
-struct Step {
-  double loss = 0, grad_norm = 0;
-};
+using Step = test::StepFigures;
 
 std::map<int64_t, Step> metrics(const test::TempDir& dir) {
-  std::map<int64_t, Step> out;
-  for (auto& [step, j] : test::training_metrics(dir.file("metrics.jsonl")))
-    out[step] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
-  return out;
+  return test::step_figures(dir.file("metrics.jsonl"));
 }
 
 // The largest relative difference of loss or grad norm over the steps of `ref`.
 double worst_rel(const std::map<int64_t, Step>& ref, const std::map<int64_t, Step>& got) {
-  double worst = 0;
-  for (auto& [step, a] : ref) {
-    if (!got.count(step)) return INFINITY;
-    const Step& b = got.at(step);
-    worst = std::max(worst, std::abs(a.loss - b.loss) / std::abs(a.loss));
-    worst = std::max(worst, std::abs(a.grad_norm - b.grad_norm) / std::abs(a.grad_norm));
-  }
-  return worst;
+  return test::worst_rel_either(ref, got);
 }
 
 // One process, then each pipeline layout, on the same flags; every layout within 1e-5, and
@@ -410,9 +393,10 @@ TEST_CASE("pp: PP 2 x EP 2 re-runs an overflowed static exchange through the sch
   CHECK(reruns >= 1);
 }
 
-TEST_CASE("pp: PP 2 x EP 2 under compile.enable warms up, then reaches the capacity cap and "
-          "goes on with the pipeline's phases",
-          "[pp][dist][app][compile][moe]") {
+TEST_CASE(
+    "pp: PP 2 x EP 2 under compile.enable warms up, then reaches the capacity cap and "
+    "goes on with the pipeline's phases",
+    "[pp][dist][app][compile][moe]") {
   // The one step (app/train_step.h) in both corners the copies of it got wrong (issue 41):
   // (1) the warm-up step of a captured pipeline step reduces the overflow flag and re-runs
   // the overflowed schedule exactly, as every other step does; (2) past the capacity cap
@@ -450,9 +434,10 @@ TEST_CASE("pp: PP 2 x EP 2 under compile.enable warms up, then reaches the capac
   CHECK(jm.at(6)["moe_ep_exact_only"].get<double>() == 1);
   const double vs_exact = worst_rel(metrics(exact_dir), metrics(cap_dir));
   const double vs_one = worst_rel(metrics(one_dir), metrics(cap_dir));
-  WARN("PP 2 x EP 2 under compile.enable to the capacity cap: max relative loss / grad norm "
-       "difference to the exact exchange "
-       << vs_exact << ", to 1 rank " << vs_one);
+  WARN(
+      "PP 2 x EP 2 under compile.enable to the capacity cap: max relative loss / grad norm "
+      "difference to the exact exchange "
+      << vs_exact << ", to 1 rank " << vs_one);
   CHECK(vs_exact < 1e-6);
   CHECK(vs_one < 1e-5);
 }
