@@ -80,13 +80,19 @@ inline CmdResult run(const std::string& cmd) {
 }
 
 // A run's own exit status: the process's, or under torchrun (which exits 1 whenever a
-// worker fails) the first failed worker's, from its summary's "Root Cause" entry
-// ("exitcode  : 2"; the other workers it then stopped are listed with -15).
+// worker fails) the workers' from its summary ("exitcode  : 2"). A user error on one rank
+// (2, 3 or 4: app/fatal.h) makes its peers fail too, with 1 (a closed connection) or -15
+// (stopped by torchrun), and torchrun's "Root Cause" may name such a peer: the first
+// documented status among the workers is the run's, else the Root Cause's.
 inline int exit_status(const CmdResult& r) {
   const std::string tag = "exitcode  : ";
+  if (r.rc == 0 || r.out.find(tag) == std::string::npos) return r.rc;
+  for (size_t at = r.out.find(tag); at != std::string::npos; at = r.out.find(tag, at + 1)) {
+    const int code = std::atoi(r.out.c_str() + at + tag.size());
+    if (code >= 2 && code <= 4) return code;
+  }
   const size_t root = r.out.find("Root Cause");
   const size_t at = r.out.find(tag, root == std::string::npos ? 0 : root);
-  if (r.rc == 0 || at == std::string::npos) return r.rc;
   return std::atoi(r.out.c_str() + at + tag.size());
 }
 
