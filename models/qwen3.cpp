@@ -6,6 +6,7 @@
 
 #include "core/base/errors.h"
 #include "core/train/capture_check.h"
+#include "core/train/documents.h"
 #include "models/flavor_table.h"
 #include "models/llama3.h"
 
@@ -178,7 +179,9 @@ at::Tensor Qwen3::attention(const at::Tensor& h, const std::vector<at::Tensor>& 
   const RopeTables rope = rope_rows(rope_, context_parallel(), T);
   q = apply_rope_half(q, rope);
   k = apply_rope_half(k, rope);
-  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), context_parallel());
+  // The forward's documents pick the mask (causal, or block-causal: docs/attention.md).
+  return titan::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(hd)), context_parallel(),
+                          current_documents());
 }
 
 at::Tensor Qwen3::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {

@@ -143,7 +143,11 @@ std::map<std::string, json> titan_flavors() {
               {"moe_inter_dim", a.moe_inter_dim},
               {"norm_eps", a.norm_eps},
               {"rope_theta", a.rope_theta},
-              {"tie_embeddings", a.tie_embeddings}};
+              {"tie_embeddings", a.tie_embeddings},
+              // Every qwen3 flavor of 0.2.2 is SDPA with the causal mask; model.attn_mask_type
+              // overrides it as for the other families.
+              {"attn_type", "sdpa"},
+              {"attn_mask_type", "causal"}};
     if (a.moe_enabled) j.update(moe(a.moe));
     out["qwen3/" + f] = j;
   }
