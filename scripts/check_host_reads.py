@@ -62,6 +62,10 @@ NOT_HOT = {
 
 # (file, function) -> why a host read is allowed there.
 ALLOWED = {
+    ("app/trainer.cpp", "Trainer::probe_cpu_float8"):
+        "start-up only: the ranks' agreed verdict of the float8 CPU _scaled_mm probe",
+    ("parallel/expert_parallel.cpp", "take_static_peak_rows"):
+        "logging steps only: the static exchange's peak pair load for the metrics",
     ("core/train/expert_exchange.h", "counts_to_host"):
         "the named read: the loop backend's per-expert row counts, or the exact expert-parallel "
         "exchange's split sizes (one per MoE layer and forward, cached across recompute)",

@@ -14,6 +14,7 @@
 #include "parallel/expert_parallel.h"
 #include "parallel/launch_env.h"
 #include "parallel/process_group.h"
+#include "test_port.h"
 
 using namespace titan;
 
@@ -25,7 +26,7 @@ TEST_CASE("the peak pair load is reported at capacity factor inf and with the pr
   // EpCapacityControl never reads a flag in settle(); the figure comes from the metrics read.
   LaunchEnv env;
   env.master_addr = "127.0.0.1";
-  env.master_port = 31000 + static_cast<int>(::getpid() % 20000);
+  env.master_port = test::free_tcp_port();
   ProcessGroup pg(env, default_config().comm, /*cuda=*/false);
   struct Setup {
     const char* name;

@@ -27,6 +27,7 @@
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "test_port.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -41,9 +42,10 @@ const std::string kSmall =
 
 using test::torchrun;
 
-// A port per test process, so parallel ctest runs do not collide.
-int free_port(int offset) {
-  return 20000 + static_cast<int>(::getpid() % 20000) + offset;
+// A port no process holds (test_port.h): ports computed from the process id collided when
+// ctest ran two such tests at once. `offset` is kept for the callers' readability.
+int free_port(int /*offset*/) {
+  return test::free_tcp_port();
 }
 
 struct Step {

@@ -18,6 +18,7 @@
 #include "parallel/expert_parallel.h"
 #include "parallel/launch_env.h"
 #include "parallel/process_group.h"
+#include "test_port.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -27,7 +28,8 @@ namespace {
 std::unique_ptr<ProcessGroup> one_rank_group(int offset) {
   LaunchEnv env;
   env.master_addr = "127.0.0.1";
-  env.master_port = 30000 + static_cast<int>(::getpid() % 20000) + offset;
+  (void)offset;  // each group its own free port
+  env.master_port = test::free_tcp_port();
   return std::make_unique<ProcessGroup>(env, default_config().comm, /*cuda=*/false);
 }
 
@@ -406,7 +408,7 @@ TEST_CASE(
   // gradient is the sum of both ranks' references. Output, input gradient and every weight
   // gradient within 1e-5 of the largest reference value (fp32; the GEMMs' rows in another
   // order).
-  const int port = 26000 + static_cast<int>(::getpid() % 20000);
+  const int port = test::free_tcp_port();
   std::vector<ZeroOutcome> r0, r1;
   std::thread t1([&] { r1 = zero_all(1, port); });
   r0 = zero_all(0, port);

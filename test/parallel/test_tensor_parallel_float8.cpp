@@ -20,6 +20,7 @@
 
 #include "core/kernels/float8_tp.h"
 #include "parallel/process_group.h"
+#include "test_port.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -164,7 +165,7 @@ TEST_CASE("float8 TP: column- and row-parallel slices of a float8 linear equal t
   // fault (each slice scaled by its own amax) must differ by more than 1e-3. Measured: 0 (no
   // partial sum: the same float8 values and the same dot products), 2.0e-7 (summed), 7.6e-2
   // (the fault).
-  const int port = 24000 + static_cast<int>(::getpid() % 20000);
+  const int port = test::free_tcp_port();
   OpDiff d0, d1;
   std::thread r1([&] { run_rank(1, port, d1); });
   run_rank(0, port, d0);
