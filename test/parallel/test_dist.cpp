@@ -188,8 +188,7 @@ TEST_CASE("overlapped FSDP, HSDP and DDP with checkpointing and accumulation mat
   const std::vector<Layout> layouts = {
       {"fsdp2", 2, "--training.local_batch_size 2", "reduce-scatters waited for before the norm"},
       {"fsdp4", 4, "--training.local_batch_size 1", "prefetch"},
-      {"hsdp22", 4,
-       "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2",
+      {"hsdp22", 4, "--training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2",
        "async all-reduce per unit over 2 replicas"},
       {"ddp2", 2,
        "--training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2 "
@@ -278,16 +277,18 @@ TEST_CASE("with the sequence-wise aux loss, 1 rank, DDP 2, FSDP 2 and EP 2 agree
       "--validation.enable false --metrics.enable_tensorboard false --training.steps 6 "
       "--debug.seed 3 --activation_checkpoint.mode none --moe.seq_aux_loss_coeff 0.05 ";
   test::TempDir one("aux1");
-  auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
-                         one.path.string());
+  auto r1 =
+      single_train(common + "--training.local_batch_size 4 --job.dump_folder " + one.path.string());
   INFO(r1.out);
   REQUIRE(r1.rc == 0);
   auto ref = read_metrics(one.file("metrics.jsonl"));
   REQUIRE(ref.size() == 6);
   // The loss is active: without it the gradient norm of step 1 differs.
   test::TempDir off("aux0");
-  auto r0 = single_train(common + "--training.local_batch_size 4 --moe.seq_aux_loss_coeff 0 "
-                                  "--job.dump_folder " + off.path.string());
+  auto r0 = single_train(common +
+                         "--training.local_batch_size 4 --moe.seq_aux_loss_coeff 0 "
+                         "--job.dump_folder " +
+                         off.path.string());
   REQUIRE(r0.rc == 0);
   auto no_aux = read_metrics(off.file("metrics.jsonl"));
   CHECK(std::abs(no_aux.at(1).grad_norm - ref.at(1).grad_norm) > 1e-4 * ref.at(1).grad_norm);
@@ -334,18 +335,19 @@ TEST_CASE("FSDP without reshard after forward and reductions in bf16 keep their 
   auto [base, base_log] = run("fsdp-default", fsdp);
   // Keeping the gathered weights changes when memory is freed, not what is computed:
   // the same collectives on the same values, so equal to 1e-6.
-  auto [never, never_log] = run("fsdp-never", fsdp + "--parallelism.fsdp_reshard_after_forward never");
+  auto [never, never_log] =
+      run("fsdp-never", fsdp + "--parallelism.fsdp_reshard_after_forward never");
   CHECK_THAT(never_log, Contains("no reshard after forward"));
   auto [l_never, n_never] = worst_rel(base, never);
   CHECK(l_never < 1e-6);
   CHECK(n_never < 1e-6);
   // bf16 reductions round the summed gradients to 8 bits of mantissa: the runs stay within
   // 1e-2 of the fp32 ones but are not the same numbers (the option is honoured).
-  for (auto& [name, flags, says] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{
+  for (auto& [name, flags, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"fsdp-bf16", fsdp, "reduce-scatter in BFloat16"},
            {"ddp-bf16", ddp, "all-reduce in BFloat16"}}) {
-    auto [ref, ref_log] = name == "fsdp-bf16" ? std::make_pair(base, base_log) : run("ddp-fp32", ddp);
+    auto [ref, ref_log] =
+        name == "fsdp-bf16" ? std::make_pair(base, base_log) : run("ddp-fp32", ddp);
     auto [bf, bf_log] = run(name, flags + "--training.mixed_precision_reduce bfloat16");
     CHECK_THAT(bf_log, Contains(says));
     auto [loss, norm] = worst_rel(ref, bf);
@@ -387,10 +389,11 @@ TEST_CASE("a dead or hung rank makes the others exit non-zero within the timeout
     DYNAMIC_SECTION("rank " << victim << " signal " << sig << (layout.empty() ? "" : " ddp")) {
       test::TempDir dir("ddpfail");
       const int port = free_port(sig + 50 * victim + (layout.empty() ? 0 : 7));
-      const std::string args =
-          layout + "--training.steps 100000 --training.local_batch_size 2 "
-          "--comm.train_timeout_seconds " +
-          std::to_string(timeout_s) + " --job.dump_folder " + dir.path.string();
+      const std::string args = layout +
+                               "--training.steps 100000 --training.local_batch_size 2 "
+                               "--comm.train_timeout_seconds " +
+                               std::to_string(timeout_s) + " --job.dump_folder " +
+                               dir.path.string();
       Rank ranks[2] = {spawn_rank(0, 2, port, args, dir.path.string()),
                        spawn_rank(1, 2, port, args, dir.path.string())};
       const Rank& dead = ranks[victim];
@@ -557,8 +560,10 @@ TEST_CASE("a corrupt shard of a 2-rank checkpoint stops both ranks at load, nami
   // kill the survivors): both must exit 2 with the shard's name, neither waiting for the
   // other in a collective.
   test::TempDir dir("corrupt2");
-  const std::string args = "--training.local_batch_size 2 --checkpoint.enable true "
-                           "--checkpoint.interval 3 --job.dump_folder " + dir.path.string();
+  const std::string args =
+      "--training.local_batch_size 2 --checkpoint.enable true "
+      "--checkpoint.interval 3 --job.dump_folder " +
+      dir.path.string();
   auto r = torchrun_train(2, kSmall + args + " --training.steps 3");
   INFO(r.out);
   REQUIRE(r.rc == 0);
@@ -826,60 +831,62 @@ TEST_CASE("tensor parallel 2 and FSDP 2 x TP 2 match 1 rank for llama3, llama4, 
   const std::vector<Layout> layouts = {
       {"tp2", 2, "--training.local_batch_size 4 --parallelism.tensor_parallel_degree 2", 0.5,
        "dp_replicate 1 x dp_shard 1 x tp 2"},
-      {"fsdp2xtp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2",
-       0.25, "FSDP, dp_replicate 1 x dp_shard 2 x tp 2"},
+      {"fsdp2xtp2", 4, "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2", 0.25,
+       "FSDP, dp_replicate 1 x dp_shard 2 x tp 2"},
   };
   // llama4 and deepseek_v3: attention (GQA, MLA) and the dense layers split, the MoE layers
   // whole on sequence shards.
   for (const char* model : {"llama3", "llama4", "deepseek_v3"}) {
-   DYNAMIC_SECTION(model) {
-    const std::string common =
-        kSmall + "--training.steps 4 --debug.seed 3 --model.name " + model + " ";
-    test::TempDir one("tp_ref");
-    auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
-                           one.path.string());
-    INFO(r1.out);
-    REQUIRE(r1.rc == 0);
-    auto ref = read_metrics(one.file("metrics.jsonl"));
-    REQUIRE(ref.size() == 4);
-    for (const Layout& l : layouts) {
-     DYNAMIC_SECTION(l.name) {
-      test::TempDir dir(l.name);
-      auto r =
-          torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
-      INFO(r.out);
-      REQUIRE(r.rc == 0);
-      CHECK_THAT(r.out, Contains(l.describes));
-      CHECK_THAT(r.out, Contains("tp 2 (sequence parallel)"));
-      const double mem = memory_ratio(r.out);
-      if (std::string(model) == "llama3") {  // MoE layers are whole on each tp rank
-        CHECK(mem >= l.memory * 0.999);
-        CHECK(mem <= l.memory * 1.05);  // the norms are whole on every tp rank
+    DYNAMIC_SECTION(model) {
+      const std::string common =
+          kSmall + "--training.steps 4 --debug.seed 3 --model.name " + model + " ";
+      test::TempDir one("tp_ref");
+      auto r1 = single_train(common + "--training.local_batch_size 4 --job.dump_folder " +
+                             one.path.string());
+      INFO(r1.out);
+      REQUIRE(r1.rc == 0);
+      auto ref = read_metrics(one.file("metrics.jsonl"));
+      REQUIRE(ref.size() == 4);
+      for (const Layout& l : layouts) {
+        DYNAMIC_SECTION(l.name) {
+          test::TempDir dir(l.name);
+          auto r =
+              torchrun_train(l.nproc, common + l.flags + " --job.dump_folder " + dir.path.string());
+          INFO(r.out);
+          REQUIRE(r.rc == 0);
+          CHECK_THAT(r.out, Contains(l.describes));
+          CHECK_THAT(r.out, Contains("tp 2 (sequence parallel)"));
+          const double mem = memory_ratio(r.out);
+          if (std::string(model) == "llama3") {  // MoE layers are whole on each tp rank
+            CHECK(mem >= l.memory * 0.999);
+            CHECK(mem <= l.memory * 1.05);  // the norms are whole on every tp rank
+          }
+          auto m = read_metrics(dir.file("metrics.jsonl"));
+          REQUIRE(m.size() == 4);
+          const auto [worst_loss, worst_norm] = worst_rel(ref, m);
+          WARN(model << " " << l.name << " vs 1 rank, max relative difference over 4 steps: loss "
+                     << worst_loss << ", grad norm " << worst_norm << "; memory per rank " << mem);
+          CHECK(worst_loss < 1e-5);
+          CHECK(worst_norm < 1e-5);
+        }
       }
-      auto m = read_metrics(dir.file("metrics.jsonl"));
-      REQUIRE(m.size() == 4);
-      const auto [worst_loss, worst_norm] = worst_rel(ref, m);
-      WARN(model << " " << l.name << " vs 1 rank, max relative difference over 4 steps: loss "
-                  << worst_loss << ", grad norm " << worst_norm << "; memory per rank " << mem);
-      CHECK(worst_loss < 1e-5);
-      CHECK(worst_norm < 1e-5);
-     }
     }
-   }
   }
 }
 
 TEST_CASE("a tensor-parallel degree the plan cannot split exits 2 at start naming the parameter",
           "[dist][app][tp]") {
   // 3 ranks: tp 3 does not divide the debug model's 256 query rows.
-  auto r = torchrun_train(3, kSmall + "--training.steps 1 --training.seq_len 63 "
-                                      "--parallelism.tensor_parallel_degree 3");
+  auto r = torchrun_train(3, kSmall +
+                                 "--training.steps 1 --training.seq_len 63 "
+                                 "--parallelism.tensor_parallel_degree 3");
   INFO(r.out);
   CHECK(test::exit_status(r) == 2);  // the worker's own status (torchrun itself exits 1)
   CHECK_THAT(r.out, Contains("parallelism.tensor_parallel_degree = 3: "
                              "layers.0.attention.wq.weight [256, 256] is column-parallel"));
-  auto b = torchrun_train(2, kSmall + "--training.steps 1 --parallelism.tensor_parallel_degree 2 "
-                                      "--training.seq_len 63");
+  auto b = torchrun_train(2, kSmall +
+                                 "--training.steps 1 --parallelism.tensor_parallel_degree 2 "
+                                 "--training.seq_len 63");
   INFO(b.out);
   CHECK(test::exit_status(b) == 2);
   CHECK_THAT(b.out, Contains("training.seq_len = 63 does not split over"));
@@ -908,9 +915,10 @@ double global_tps(const std::string& metrics, int dp) {
 TEST_CASE("bench: bytes per collective and tokens/s of TP 2 against FSDP 2 on the debugmodel",
           "[.tpbench]") {
   // Same global batch (4 x 256 tokens), same steps, one after the other on this machine.
-  const std::string common = "--config configs/llama3_debug.toml --training.seq_len 256 "
-                             "--metrics.log_freq 1 --validation.enable false "
-                             "--metrics.enable_tensorboard false --training.steps 12 ";
+  const std::string common =
+      "--config configs/llama3_debug.toml --training.seq_len 256 "
+      "--metrics.log_freq 1 --validation.enable false "
+      "--metrics.enable_tensorboard false --training.steps 12 ";
   struct Run {
     const char* name;
     int nproc, dp;
@@ -924,14 +932,14 @@ TEST_CASE("bench: bytes per collective and tokens/s of TP 2 against FSDP 2 on th
   };
   for (Run& r : runs) {
     test::TempDir dir("tpbench");
-    auto out = torchrun_train(r.nproc, common + r.flags + " --job.dump_folder " + dir.path.string());
+    auto out =
+        torchrun_train(r.nproc, common + r.flags + " --job.dump_folder " + dir.path.string());
     INFO(out.out);
     REQUIRE(out.rc == 0);
     r.tps = global_tps(dir.file("metrics.jsonl"), r.dp);
     r.comm = comm_line(out.out);
   }
-  for (const Run& r : runs)
-    WARN(r.name << ": " << r.tps << " tokens/s (all ranks), " << r.comm);
+  for (const Run& r : runs) WARN(r.name << ": " << r.tps << " tokens/s (all ranks), " << r.comm);
   WARN("TP 2 / FSDP 2 tokens/s: " << runs[1].tps / runs[0].tps);
 }
 
@@ -946,10 +954,9 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
   const std::string common = kSmall +
                              "--checkpoint.enable true --checkpoint.interval 2 "
                              "--checkpoint.keep_latest_k 0 --debug.seed 3 ";
-  const std::string tp22 =
-      "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 ";
-  auto ra = torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " +
-                                  a.path.string());
+  const std::string tp22 = "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2 ";
+  auto ra =
+      torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " + a.path.string());
   INFO(ra.out);
   REQUIRE(ra.rc == 0);
   auto meta = nlohmann::json::parse(test::read_file(a.file("checkpoint/step-2/metadata.json")));
@@ -961,18 +968,22 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
     fs::copy(a.file("checkpoint/step-2"), t->file("checkpoint/step-2"),
              fs::copy_options::recursive);
   }
-  auto rc = single_train(common + "--training.local_batch_size 4 --training.steps 6 "
-                                  "--job.dump_folder " + c.path.string());
+  auto rc = single_train(common +
+                         "--training.local_batch_size 4 --training.steps 6 "
+                         "--job.dump_folder " +
+                         c.path.string());
   INFO(rc.out);
   REQUIRE(rc.rc == 0);
-  auto rd = torchrun_train(4, common + "--training.local_batch_size 1 --training.steps 6 "
-                                       "--job.dump_folder " + d.path.string());
+  auto rd = torchrun_train(4, common +
+                                  "--training.local_batch_size 1 --training.steps 6 "
+                                  "--job.dump_folder " +
+                                  d.path.string());
   INFO(rd.out);
   REQUIRE(rd.rc == 0);
   fs::create_directories(e.file("checkpoint"));
   fs::copy(d.file("checkpoint/step-4"), e.file("checkpoint/step-4"), fs::copy_options::recursive);
-  auto re = torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " +
-                                  e.path.string());
+  auto re =
+      torchrun_train(4, common + tp22 + "--training.steps 6 --job.dump_folder " + e.path.string());
   INFO(re.out);
   REQUIRE(re.rc == 0);
   auto ma = read_metrics(a.file("metrics.jsonl"));
@@ -993,8 +1004,10 @@ TEST_CASE("a TP 2 x FSDP 2 checkpoint reshards onto 1 rank and FSDP 4, and FSDP 
   for (int64_t s : {5, 6}) cmp(me, s);
   CHECK_FALSE(mc.count(2));
   CHECK_FALSE(me.count(4));
-  WARN("TP 2 x FSDP 2 -> 1 rank, -> FSDP 4 -> TP 2 x FSDP 2: max relative loss / grad norm "
-       "difference " << worst);
+  WARN(
+      "TP 2 x FSDP 2 -> 1 rank, -> FSDP 4 -> TP 2 x FSDP 2: max relative loss / grad norm "
+      "difference "
+      << worst);
   CHECK(worst < 1e-5);
 }
 
@@ -1205,8 +1218,8 @@ TEST_CASE("static and exact expert-parallel exchanges give the same losses at ep
         test::TempDir dir("ex" + x + std::to_string(ep));
         auto r = torchrun_train(ep, cfg + common + "--parallelism.expert_parallel_degree " +
                                         std::to_string(ep) + " --moe.ep_exchange " + x +
-                                        " --moe.ep_capacity_factor inf" +
-                                        " --job.dump_folder " + dir.path.string());
+                                        " --moe.ep_capacity_factor inf" + " --job.dump_folder " +
+                                        dir.path.string());
         INFO(model << " ep " << ep << " " << x << "\n" << r.out);
         REQUIRE(r.rc == 0);
         CHECK_THAT(r.out, Contains("MoE expert-parallel exchange = " + x));
@@ -1308,8 +1321,10 @@ TEST_CASE("the probs drop policy drops and counts rows over capacity, and trains
       "--validation.enable false --metrics.enable_tensorboard false --training.steps 3 "
       "--training.local_batch_size 1 --parallelism.expert_parallel_degree 2 "
       "--moe.ep_drop_policy probs --training.device cpu ";
-  auto r = torchrun_train(2, base + "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 "
-                                    "--job.dump_folder " + dir.path.string());
+  auto r = torchrun_train(2, base +
+                                 "--moe.ep_exchange static --moe.ep_capacity_factor 0.25 "
+                                 "--job.dump_folder " +
+                                 dir.path.string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Contains("factor 0.25") && Contains("lowest router probability first"));

@@ -148,9 +148,10 @@ TEST_CASE("expert exchange: static and exact agree, and a small capacity drops a
   CHECK(m.at("moe_dropped_tokens") == 36);
 }
 
-TEST_CASE("expert exchange: the probs drop policy keeps the most probable rows and its "
-          "gradients equal a masked dense reference",
-          "[moe][dist]") {
+TEST_CASE(
+    "expert exchange: the probs drop policy keeps the most probable rows and its "
+    "gradients equal a masked dense reference",
+    "[moe][dist]") {
   // One rank, E = 4, top-2, 24 tokens: N = 48 routed rows in one (source, destination) pair
   // of capacity ceil(0.5 * 48) = 24, so half the (token, choice) pairs are dropped: the 24
   // of lowest gate weight. Reference (C++, independent of the dispatch and the exchange):
@@ -192,7 +193,7 @@ TEST_CASE("expert exchange: the probs drop policy keeps the most probable rows a
     Routing r = route_tokens(xt, wr[0], at::Tensor(), moe.expert_bias, a);
     std::vector<at::Tensor> per_expert;
     for (int64_t e = 0; e < 4; ++e) per_expert.push_back(swiglu(xt, wr[1][e], wr[2][e], wr[3][e]));
-    at::Tensor all = at::stack(per_expert, 1);  // (T, E, D)
+    at::Tensor all = at::stack(per_expert, 1);                                       // (T, E, D)
     at::Tensor chosen = all.gather(1, r.experts.unsqueeze(-1).expand({24, 2, 16}));  // (T, K, D)
     at::Tensor flat = r.top_scores.detach().reshape({-1});
     at::Tensor mask = at::zeros({48});
@@ -209,9 +210,10 @@ TEST_CASE("expert exchange: the probs drop policy keeps the most probable rows a
   }
 }
 
-TEST_CASE("expert exchange: DeepSeek-V3 671B's receive buffer at the default factor and the "
-          "worst case",
-          "[moe]") {
+TEST_CASE(
+    "expert exchange: DeepSeek-V3 671B's receive buffer at the default factor and the "
+    "worst case",
+    "[moe]") {
   // The figures of docs/moe.md (what `titan-train estimate` should add for the exchange):
   // DeepSeek-V3 671B (dim 7168, top-8 of 256 experts) at EP 64 of 256 ranks, seq_len 4096
   // and one sequence per rank, bf16 rows. N = 4096 * 8 routed rows per rank, balanced share
@@ -221,11 +223,13 @@ TEST_CASE("expert exchange: DeepSeek-V3 671B's receive buffer at the default fac
   const int64_t at2 = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, 2.0);
   const int64_t at4 = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, 4.0);
   const int64_t worst = ep_static_buffer_bytes(T * K, K, P, El, D, bf16, INFINITY);
-  WARN("DeepSeek-V3 671B, EP 64, 4096 tokens per rank, bf16: receive buffer per MoE layer and "
-       "forward " << at2 / 1048576 << " MiB at factor 2, " << at4 / 1048576
-       << " MiB at the cap 4, " << worst / 1048576 << " MiB worst case (balanced "
-       << balanced / 1048576 << " MiB); x58 MoE layers: " << 58 * at2 / 1048576 << " MiB vs "
-       << 58 * worst / 1048576 << " MiB");
+  WARN(
+      "DeepSeek-V3 671B, EP 64, 4096 tokens per rank, bf16: receive buffer per MoE layer and "
+      "forward "
+      << at2 / 1048576 << " MiB at factor 2, " << at4 / 1048576 << " MiB at the cap 4, "
+      << worst / 1048576 << " MiB worst case (balanced " << balanced / 1048576
+      << " MiB); x58 MoE layers: " << 58 * at2 / 1048576 << " MiB vs " << 58 * worst / 1048576
+      << " MiB");
   CHECK(at2 == 2 * balanced);
   CHECK(at4 == 4 * balanced);
   CHECK(worst == 32 * balanced);
