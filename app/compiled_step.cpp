@@ -124,7 +124,6 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepDr
     // said so once), with the same phases (a pipeline's stay a pipeline's).
     if (graphs_) graphs_ = std::make_unique<Graphs>();  // releases the graphs and their pool
     key_.clear();
-    ++eager_steps_;
     return run_step(phases_, micro, d);
   }
   // The capture follows the input shapes and buffers and the exchange's capacity.
@@ -136,7 +135,6 @@ StepResult CompiledStep::step(const std::vector<MicroBatch>& micro, const StepDr
   if (cuda_) return step_cuda(micro, d);
   if (warm_ < warmup_) {  // the warm-up step, eagerly: the same path as CUDA's warm-up
     ++warm_;
-    ++eager_steps_;
     return run_step(phases_, micro, d);
   }
   // As on CUDA: the lr is written before the step (outside what is checked), then the
@@ -241,7 +239,6 @@ StepResult CompiledStep::step_cuda(const std::vector<MicroBatch>& micro, const S
       if (warm_ < warmup_) {
         r = run_step(phases_, micro, d);  // the eager warm-up: its phase marks are on g.stream
         ++warm_;
-        ++eager_steps_;
       } else {
         capture(micro, d);
       }

@@ -53,9 +53,6 @@ class CompiledStep {
   void set_capture_check_context(int64_t n) {
     if (check_) check_->set_context_ops(n);
   }
-  // Eager steps run since construction: warm-up steps (after every new input key) and the
-  // exact-only steps past the expert-parallel capacity cap.
-  int64_t eager_steps() const { return eager_steps_; }
 
   // CPU: the check's one line ("capture check: N ops per step, static") once a step has
   // been compared with the reference, then empty. CUDA: "captured the train step ..." once.
@@ -84,7 +81,7 @@ class CompiledStep {
   std::unique_ptr<Graphs> graphs_;
   std::string key_;   // input shapes and addresses (and the ep capacity) of the current capture
   int64_t warm_ = 0;  // eager warm-up steps run for key_
-  int64_t captures_ = 0, replays_ = 0, eager_steps_ = 0;
+  int64_t captures_ = 0, replays_ = 0;
   CommRecord comm_;  // CUDA: the current capture's collectives
   bool reported_ = false;
   std::string report_;

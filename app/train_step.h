@@ -90,7 +90,6 @@ class StepPhases {
 
   Model& model() { return model_; }
   Optimizer& opt() { return opt_; }
-  const StepObjective& objective() const { return objective_; }
   void set_objective(const StepObjective& o) { objective_ = o; }
 
  protected:
