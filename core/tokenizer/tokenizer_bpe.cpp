@@ -58,8 +58,12 @@ class WordCache {
     if (used_ >= kSlots / 2) clear();
     size_t i = h & kMask;
     while (slots_[i].hash != 0) i = (i + 1) & kMask;
-    slots_[i] = Slot{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(vals_.size()),
-                     static_cast<uint16_t>(key.size()), static_cast<uint16_t>(n), mapped};
+    slots_[i] = Slot{h,
+                     static_cast<uint32_t>(keys_.size()),
+                     static_cast<uint32_t>(vals_.size()),
+                     static_cast<uint16_t>(key.size()),
+                     static_cast<uint16_t>(n),
+                     mapped};
     keys_.append(key);
     vals_.insert(vals_.end(), ids, ids + n);
     ++used_;
@@ -153,9 +157,8 @@ void BpeModel::parse_vocab(const json& vocab, const Ctx& ctx) {
   int64_t max_id = -1;
   vocab_.reserve(vocab.size());
   for (auto& [tok, idj] : vocab.items()) {
-    if (!idj.is_number_integer() || idj.get<int64_t>() < 0 || idj.get<int64_t>() > INT32_MAX)
-      ctx.fail("model.vocab[" + json(tok).dump() + "] = " + describe(idj) +
-               "; ids must be integers in [0, 2^31)");
+    if (!valid_token_id(idj))
+      ctx.fail("model.vocab[" + json(tok).dump() + "] = " + describe(idj) + "; " + kTokenIdRule);
     vocab_.emplace(tok, idj.get<int32_t>());
     max_id = std::max<int64_t>(max_id, idj.get<int64_t>());
   }

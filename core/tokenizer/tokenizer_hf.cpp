@@ -89,9 +89,8 @@ void HfTokenizer::parse_added_tokens(const json& added) {
     std::string where = "added_tokens[" + std::to_string(i) + "]";
     if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
       ctx_.fail(where + " = " + describe(a) + "; expected an object with a string \"content\"");
-    if (a.contains("id") && !(a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-                              a["id"].get<int64_t>() <= INT32_MAX))
-      ctx_.fail(where + ".id = " + describe(a["id"]) + "; ids must be integers in [0, 2^31)");
+    if (a.contains("id") && !valid_token_id(a["id"]))
+      ctx_.fail(where + ".id = " + describe(a["id"]) + "; " + kTokenIdRule);
     AddedToken t;
     t.content = a["content"].get<std::string>();
     t.special = ctx_.get_bool(a, "special", false, where);
@@ -110,9 +109,7 @@ void HfTokenizer::parse_added_tokens(const json& added) {
 // sep/cls/mask tokens and its added_tokens_decoder entries are added as special tokens.
 void HfTokenizer::apply_config(const nlohmann::ordered_json& config,
                                const std::string& config_path) {
-  auto bad = [&](const std::string& what) {
-    Ctx{config_path}.fail(what);
-  };
+  auto bad = [&](const std::string& what) { Ctx{config_path}.fail(what); };
   if (!config.is_object()) bad("expected a JSON object at the top level");
   auto content_of = [&](const nlohmann::ordered_json& v, const std::string& key) {
     if (v.is_string()) return v.get<std::string>();
@@ -139,9 +136,10 @@ void HfTokenizer::apply_config(const nlohmann::ordered_json& config,
     return t;
   };
   std::vector<AddedToken> tokens;
-  for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token", "sep_token",
-                          "cls_token", "mask_token"})
-    if (config.contains(key) && !config[key].is_null()) tokens.push_back(token_of(config[key], key));
+  for (const char* key :
+       {"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
+    if (config.contains(key) && !config[key].is_null())
+      tokens.push_back(token_of(config[key], key));
   if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object())
     for (auto& [id, v] : config["added_tokens_decoder"].items())
       if (v.is_object() && v.contains("content"))

@@ -37,6 +37,15 @@ struct Ctx {
 };
 std::string describe(const json& j);  // short JSON rendering for messages
 
+// Token ids a tokenizer.json may use: [0, 2^24). The BPE model keeps an id -> token table of
+// max id + 1 entries and the embedding has as many rows, so one stray id near 2^31 would ask
+// for 16 GiB; 2^24 (16.7M) is 64x the largest released vocabulary (Gemma's 262K).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+inline bool valid_token_id(const json& j) {
+  return j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() <= kMaxTokenId;
+}
+inline constexpr char kTokenIdRule[] = "ids must be integers in [0, 2^24)";
+
 // ---- UTF-8 and Unicode properties -------------------------------------------------------------
 
 // Decodes the character at p[0..n): its length, or 0 when p[0] starts no valid UTF-8
@@ -218,8 +227,8 @@ class BpeModel {
   BpeModel(const json& model, const Ctx& ctx);
   // Appends the ids of one pre-token. Thread-safe: the word cache is per thread.
   void tokenize(const Piece& p, std::vector<int32_t>& out) const;
-  int32_t token_to_id(std::string_view token) const;  // -1 when absent
-  const std::string* id_to_token(int32_t id) const;   // null when absent
+  int32_t token_to_id(std::string_view token) const;                    // -1 when absent
+  const std::string* id_to_token(int32_t id) const;                     // null when absent
   int64_t size() const { return static_cast<int64_t>(vocab_.size()); }  // HF get_vocab_size()
   int64_t max_id_plus_one() const { return static_cast<int64_t>(id_to_token_.size()); }
 
@@ -240,19 +249,19 @@ class BpeModel {
 
   const Ctx* ctx_;
   std::string unk_token_;
-  int32_t unk_id_ = -1;      // -1: no unk token; -2: unk_token names no vocabulary entry
+  int32_t unk_id_ = -1;  // -1: no unk token; -2: unk_token names no vocabulary entry
   bool has_unk_ = false;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
-  std::string prefix_, suffix_;  // continuing_subword_prefix, end_of_word_suffix
+  std::string prefix_, suffix_;                     // continuing_subword_prefix, end_of_word_suffix
   std::unordered_map<std::string, int32_t> vocab_;  // token -> id
   std::vector<const std::string*> id_to_token_;     // id -> key in vocab_, null for holes
   std::unordered_map<uint32_t, int32_t> char_id_;   // one-character tokens, by code point
-  std::array<int32_t, 256> byte_level_id_{};  // id of byte_level_char(b), -1 if absent
-  std::array<int32_t, 256> fallback_id_{};    // id of "<0xNN>", -1 if absent
-  std::array<int32_t, 128> ascii_id_{};       // id of the one-character ASCII token
-  bool simple_chars_ = true;                  // no prefix/suffix: per-char ids are fixed
+  std::array<int32_t, 256> byte_level_id_{};        // id of byte_level_char(b), -1 if absent
+  std::array<int32_t, 256> fallback_id_{};          // id of "<0xNN>", -1 if absent
+  std::array<int32_t, 128> ascii_id_{};             // id of the one-character ASCII token
+  bool simple_chars_ = true;                        // no prefix/suffix: per-char ids are fixed
   // SentencePiece-style text reaches the model as whole sentences ("▁a▁b"). When no
   // vocabulary token has "▁" after another character, no merge can cross the start of a
   // "▁..." word, so each such word can be merged (and cached) on its own with the same ids.

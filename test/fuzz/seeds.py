@@ -59,6 +59,10 @@ def tokenizer_seeds():
     put("tokenizer", "sentencepiece_style.json", sp.to_str())
     put("tokenizer", "not_bpe.json", json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
     put("tokenizer", "bytes", "bytes")
+    # An id near 2^31 once sized a 16 GiB id table (libFuzzer: out-of-memory); kept as a seed.
+    huge = json.loads(bl.to_str())
+    huge["model"]["vocab"]["zzzq"] = 2147483000
+    put("tokenizer", "huge_id.json", json.dumps(huge))
 
 
 def config_seeds():

@@ -234,15 +234,72 @@ json minimal_tokenizer() {
 // Strings glued from pieces that stress the families' rules (added tokens of every family,
 // metaspace, combining marks, compatibility forms, special casing), with a fixed seed.
 std::vector<std::string> random_texts(size_t n) {
-  static const char* pieces[] = {
-      "a", "b", "e", "the", " ", "  ", "\n", "\t", "\r\n", "\u0301", "\u2581", "<s>", "</s>",
-      "<unk>", "<|end_of_text|>", "<|begin_of_text|>", "<|image|>", "<|pad|>", "7", "12", "3.5",
-      "LORD", "Lord", "<L>", "<R>", "<LR>", " God", "God", "Amen", "AMEN", "<SEP>", "\uFF21",
-      "\u0130", "\u00DF", "\u03A3", "\u65E5\u672C", "\uD55C", "\U0001F600",
-      "\U0001F468\u200D\U0001F469", "\u00A0", "\u3000", "\u0085", "\uFB01", "\u00BD", "'s",
-      "'S", ".", ",", "!?", "_", "-", "[INST]", "[/INST]", "<start_of_turn>", "<eos>", "<bos>",
-      "<|gap|>", "<|next|>", "\u212B", "\U0001FBF1", "x", "\u200D", "##", "</w>", "\u0120G",
-      "\\x82"};
+  static const char* pieces[] = {"a",
+                                 "b",
+                                 "e",
+                                 "the",
+                                 " ",
+                                 "  ",
+                                 "\n",
+                                 "\t",
+                                 "\r\n",
+                                 "\u0301",
+                                 "\u2581",
+                                 "<s>",
+                                 "</s>",
+                                 "<unk>",
+                                 "<|end_of_text|>",
+                                 "<|begin_of_text|>",
+                                 "<|image|>",
+                                 "<|pad|>",
+                                 "7",
+                                 "12",
+                                 "3.5",
+                                 "LORD",
+                                 "Lord",
+                                 "<L>",
+                                 "<R>",
+                                 "<LR>",
+                                 " God",
+                                 "God",
+                                 "Amen",
+                                 "AMEN",
+                                 "<SEP>",
+                                 "\uFF21",
+                                 "\u0130",
+                                 "\u00DF",
+                                 "\u03A3",
+                                 "\u65E5\u672C",
+                                 "\uD55C",
+                                 "\U0001F600",
+                                 "\U0001F468\u200D\U0001F469",
+                                 "\u00A0",
+                                 "\u3000",
+                                 "\u0085",
+                                 "\uFB01",
+                                 "\u00BD",
+                                 "'s",
+                                 "'S",
+                                 ".",
+                                 ",",
+                                 "!?",
+                                 "_",
+                                 "-",
+                                 "[INST]",
+                                 "[/INST]",
+                                 "<start_of_turn>",
+                                 "<eos>",
+                                 "<bos>",
+                                 "<|gap|>",
+                                 "<|next|>",
+                                 "\u212B",
+                                 "\U0001FBF1",
+                                 "x",
+                                 "\u200D",
+                                 "##",
+                                 "</w>",
+                                 "\u0120G",
+                                 "\\x82"};
   const size_t k = sizeof pieces / sizeof *pieces;
   uint32_t x = 2024;
   auto next = [&] { return (x = x * 1664525u + 1013904223u) >> 8; };
@@ -273,10 +330,10 @@ const Families& families() {
     fx.texts.push_back(std::string(3'000, '7'));
     for (auto& t : random_texts(400)) fx.texts.push_back(t);
     test::write_file(fx.dir.file("texts.json"), json(fx.texts).dump());
-    auto r = test::run(ref_command(
-        "make-all " + test::shell_quote(test::corpus_path()) + " " +
-        test::shell_quote(test::tokenizer_path()) + " " +
-        test::shell_quote(fx.dir.file("texts.json")) + " " + test::shell_quote(fx.dir.path.string())));
+    auto r = test::run(ref_command("make-all " + test::shell_quote(test::corpus_path()) + " " +
+                                   test::shell_quote(test::tokenizer_path()) + " " +
+                                   test::shell_quote(fx.dir.file("texts.json")) + " " +
+                                   test::shell_quote(fx.dir.path.string())));
     INFO(r.out);
     REQUIRE(r.rc == 0);
     fx.expected = json::parse(test::read_file(fx.dir.file("expected.json")));
@@ -597,9 +654,7 @@ TEST_CASE("tokenizer: a bad tokenizer.json throws UserError naming the file", "[
     std::string path;
     std::vector<std::string> expect;
   };
-  auto pretok = [](const json& p) {
-    return [p](json& j) { j["pre_tokenizer"] = p; };
-  };
+  auto pretok = [](const json& p) { return [p](json& j) { j["pre_tokenizer"] = p; }; };
   std::vector<Case> cases = {
       {dir.file("missing.json"), {"missing.json", "cannot be read", "No such file"}},
       {dir.path.string(), {"cannot be read", "folder"}},
@@ -622,6 +677,11 @@ TEST_CASE("tokenizer: a bad tokenizer.json throws UserError naming the file", "[
        {"merged.json", "\"bc\" is not in model.vocab"}},
       {variant("negid.json", [](json& j) { j["model"]["vocab"]["xyz"] = -3; }),
        {"negid.json", "\"xyz\"", "-3"}},
+      // An id near 2^31 once sized a 16 GiB id table (found by fuzz_tokenizer).
+      {variant("hugeid.json", [](json& j) { j["model"]["vocab"]["xyz"] = 2147483000; }),
+       {"hugeid.json", "model.vocab[\"xyz\"]", "2147483000", "[0, 2^24)"}},
+      {variant("hugeadded.json", [](json& j) { j["added_tokens"][0]["id"] = 16777216; }),
+       {"hugeadded.json", "added_tokens[0].id", "16777216", "[0, 2^24)"}},
       {variant("dropout.json", [](json& j) { j["model"]["dropout"] = 0.1; }),
        {"dropout.json", "model.dropout", "0.1", "null"}},
       {variant("prefixtype.json", [](json& j) { j["model"]["continuing_subword_prefix"] = 3; }),
@@ -645,8 +705,7 @@ TEST_CASE("tokenizer: a bad tokenizer.json throws UserError naming the file", "[
       {variant("behavior.json",
                pretok({{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Bogus"}})),
        {"behavior.json", "pre_tokenizer.behavior", "\"Bogus\"", "Isolated"}},
-      {variant("metaspace.json",
-               pretok({{"type", "Metaspace"}, {"replacement", "ab"}})),
+      {variant("metaspace.json", pretok({{"type", "Metaspace"}, {"replacement", "ab"}})),
        {"metaspace.json", "pre_tokenizer.replacement", "one character"}},
       {variant("scheme.json",
                pretok({{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "x"}})),
@@ -658,12 +717,20 @@ TEST_CASE("tokenizer: a bad tokenizer.json throws UserError naming the file", "[
                                                                  json{{"type", "Precompiled"}}})}};
                }),
        {"normalizer.json", "normalizer.normalizers[1].type", "\"Precompiled\"", "NFKC"}},
-      {variant("bert.json", [](json& j) { j["normalizer"] = {{"type", "BertNormalizer"}}; }),
+      {variant("bert.json",
+               [](json& j) {
+                 j["normalizer"] = {{"type", "BertNormalizer"}};
+               }),
        {"bert.json", "normalizer.type", "\"BertNormalizer\""}},
-      {variant("decoder.json", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }),
+      {variant("decoder.json",
+               [](json& j) {
+                 j["decoder"] = {{"type", "WordPiece"}};
+               }),
        {"decoder.json", "decoder.type", "\"WordPiece\"", "ByteFallback"}},
       {variant("replace.json",
-               [](json& j) { j["normalizer"] = {{"type", "Replace"}, {"pattern", "x"}}; }),
+               [](json& j) {
+                 j["normalizer"] = {{"type", "Replace"}, {"pattern", "x"}};
+               }),
        {"replace.json", "normalizer.pattern", "{\"Regex\""}},
       {variant("flagtype.json", [](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; }),
        {"flagtype.json", "use_regex", "true or false"}},
@@ -772,7 +839,8 @@ TEST_CASE("tokenizer: benchmark against HF tokenizers", "[.][bench_tokenizer]") 
         for (size_t i = t; i < docs.size(); i += threads) counts[t] += tok->encode(docs[i]).size();
       });
     for (auto& th : pool) th.join();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     n_ids = std::accumulate(counts.begin(), counts.end(), size_t{0});
   }
   double ours = text.size() / 1e6 / best;
@@ -784,7 +852,8 @@ TEST_CASE("tokenizer: benchmark against HF tokenizers", "[.][bench_tokenizer]") 
   auto hf = json::parse(r.out.substr(r.out.find('{')));
   CHECK(hf["ids"].get<size_t>() == n_ids);
   double theirs = hf["mb_per_s"].get<double>();
-  std::printf("tokenizer bench: %s, %.2f MB, %d thread(s): titan %.2f MB/s, HF tokenizers %.2f "
-              "MB/s, ratio %.2f\n",
-              tok_path.c_str(), text.size() / 1e6, threads, ours, theirs, ours / theirs);
+  std::printf(
+      "tokenizer bench: %s, %.2f MB, %d thread(s): titan %.2f MB/s, HF tokenizers %.2f "
+      "MB/s, ratio %.2f\n",
+      tok_path.c_str(), text.size() / 1e6, threads, ours, theirs, ours / theirs);
 }
