@@ -212,6 +212,7 @@ void Trainer::setup_model() {
              attn_type_name(d.type) + "), documents end at EOS " + std::to_string(d.eos_id) +
              ", document positions " + (d.positions ? "on" : "off") + ", document loss " +
              (d.loss ? "on" : "off"));
+  warn_if_no_documents();
   if (cfg_.model.name == "llama3" && cfg_.model.flavor.rfind("hf:", 0) == 0) {
     const Llama3Args a = llama3_flavor(cfg_.model.flavor);
     const std::string match = llama3_matching_flavor(a);
@@ -241,6 +242,22 @@ void Trainer::setup_model() {
   if (cc.initial_load_in_hf || cc.last_save_in_hf)  // validate_config: both can act
     require_hf_supported(*model_, "checkpoint.initial_load_in_hf / last_save_in_hf");
   if (hf_init_ && !fsdp_ && tp_ == 1 && pp_ == 1) load_hf_init();
+}
+
+// Documents end at EOS: data without one in its first million tokens would make block-causal
+// attention, per-document positions and loss all equal the plain model, silently.
+void Trainer::warn_if_no_documents() const {
+  const DocumentOptions& d = model_->documents();
+  if (!d.active() || !blend_) return;
+  for (size_t i = 0; i < blend_->size(); ++i) {
+    auto [read, eos] = blend_->count_in_prefix(i, d.eos_id, int64_t{1} << 20);
+    if (read > 0 && eos == 0)
+      log_warn("model.attn_mask_type / document_positions / document_loss: the first " +
+               std::to_string(read) + " training tokens of '" + blend_->source(i).spec() +
+               "' hold no EOS (id " + std::to_string(d.eos_id) +
+               "), so they form one document and the mask, positions and loss act as plain "
+               "causal; tokenize with an EOS after each document (docs/attention.md)");
+  }
 }
 
 // model.converters = ["float8"]: the model's linears (not the output, embedding or router)

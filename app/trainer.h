@@ -62,6 +62,7 @@ class Trainer {
   // Installs the exchange over `group` in the model, with its capacity control.
   void set_expert_exchange(ProcessGroup& group);
   // Fills the model (or this rank's shards of it) from checkpoint.initial_load_path.
+  void warn_if_no_documents() const;
   void setup_float8();
   void probe_cpu_float8(float8::Options& opts);
   void log_async_tp(std::map<std::string, double>& extra);

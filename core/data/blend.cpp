@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -29,7 +30,6 @@ std::vector<std::string> split_commas(const std::vector<std::string>& texts) {
   return out;
 }
 
-
 std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
@@ -48,7 +48,8 @@ std::string grouped(int64_t v) {
 
 }  // namespace
 
-std::vector<double> parse_weight_list(const std::vector<std::string>& texts, const std::string& key) {
+std::vector<double> parse_weight_list(const std::vector<std::string>& texts,
+                                      const std::string& key) {
   std::vector<double> out;
   for (auto& t : split_commas(texts)) {
     char* end = nullptr;
@@ -115,8 +116,9 @@ Blend::Blend(const std::vector<SourceSpec>& specs, const BlendOptions& opts) {
     sources_.push_back(std::move(src));
   }
   if (sum <= 0)
-    throw UserError("the data sources hold no training tokens (weights all zero); allowed: "
-                    "at least one source with a weight > 0");
+    throw UserError(
+        "the data sources hold no training tokens (weights all zero); allowed: "
+        "at least one source with a weight > 0");
   for (double& w : weights_) w /= sum;
 }
 
@@ -125,6 +127,20 @@ std::vector<int64_t> Blend::train_windows(int64_t seq_len) const {
   std::vector<int64_t> w;
   for (auto& r : train_) w.push_back(r.size() / (seq_len + 1));
   return w;
+}
+
+std::pair<int64_t, int64_t> Blend::count_in_prefix(size_t i, int64_t token,
+                                                   int64_t max_tokens) const {
+  const int64_t n = std::min(max_tokens, train_[i].size());
+  std::vector<int64_t> buf(static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 16)));
+  int64_t hits = 0;
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min<int64_t>(n - done, static_cast<int64_t>(buf.size()));
+    sources_[i]->read(train_[i].begin + done, k, buf.data());
+    hits += std::count(buf.begin(), buf.begin() + k, token);
+    done += k;
+  }
+  return {n, hits};
 }
 
 std::vector<Blend::Row> Blend::rows(int64_t seq_len, int64_t steps, int64_t global_batch) const {
@@ -149,8 +165,9 @@ std::vector<Blend::Row> Blend::rows(int64_t seq_len, int64_t steps, int64_t glob
 
 std::string Blend::describe(int64_t seq_len, int64_t steps, int64_t global_batch) const {
   std::ostringstream os;
-  os << "data: " << size() << " source" << (size() == 1 ? "" : "s") << ", windows of seq_len + 1 = "
-     << seq_len + 1 << " tokens, " << steps << " steps x " << global_batch << " windows\n";
+  os << "data: " << size() << " source" << (size() == 1 ? "" : "s")
+     << ", windows of seq_len + 1 = " << seq_len + 1 << " tokens, " << steps << " steps x "
+     << global_batch << " windows\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-3s %-12s %14s %16s %12s %7s %8s  %s\n", "#", "format",
                 "documents", "tokens", "windows", "weight", "epochs", "path");
@@ -190,7 +207,8 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
   while (bits < 64 && (uint64_t{1} << bits) < n) ++bits;
   half_bits_ = (bits + 1) / 2;
   half_mask_ = half_bits_ == 0 ? 0 : (uint64_t{1} << half_bits_) - 1;
-  for (int r = 0; r < 6; ++r) round_keys_[r] = splitmix64(key ^ splitmix64(static_cast<uint64_t>(r) + 1));
+  for (int r = 0; r < 6; ++r)
+    round_keys_[r] = splitmix64(key ^ splitmix64(static_cast<uint64_t>(r) + 1));
 }
 
 uint64_t FeistelPermutation::encrypt(uint64_t x) const {
@@ -245,9 +263,9 @@ Draw BlendSampler::kth(int64_t s, int64_t k) const {
   d.source = s;
   d.epoch = k / W;
   const uint64_t key = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(s) * 0x100000001B3ull +
-                                           splitmix64(static_cast<uint64_t>(d.epoch))));
-  d.window = static_cast<int64_t>(FeistelPermutation(static_cast<uint64_t>(W), key)(
-      static_cast<uint64_t>(k % W)));
+                                                     splitmix64(static_cast<uint64_t>(d.epoch))));
+  d.window = static_cast<int64_t>(
+      FeistelPermutation(static_cast<uint64_t>(W), key)(static_cast<uint64_t>(k % W)));
   return d;
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/data/token_source.h"
@@ -27,11 +28,10 @@ struct SourceSpec {
 // Sources from the config: each entry of `paths` is a path spec or a comma-separated list of
 // them; `weights` is empty or holds one weight per source. Throws UserError naming the key for
 // an empty list, a wrong weight count, a negative or non-finite weight, or all-zero weights.
-std::vector<SourceSpec> parse_dataset_spec(const std::vector<std::string>& paths,
-                                           const std::vector<double>& weights,
-                                           const std::string& paths_key = "training.dataset_path",
-                                           const std::string& weights_key =
-                                               "training.dataset_weights");
+std::vector<SourceSpec> parse_dataset_spec(
+    const std::vector<std::string>& paths, const std::vector<double>& weights,
+    const std::string& paths_key = "training.dataset_path",
+    const std::string& weights_key = "training.dataset_weights");
 // Weights from text (a list of entries, each a number or a comma-separated list).
 std::vector<double> parse_weight_list(const std::vector<std::string>& texts,
                                       const std::string& key = "training.dataset_weights");
@@ -78,6 +78,10 @@ class Blend {
   std::string describe(int64_t seq_len, int64_t steps, int64_t global_batch) const;
   // One line per source the run will read more than once; empty when none repeats.
   std::string repeat_warning(int64_t seq_len, int64_t steps, int64_t global_batch) const;
+  // How often `token` occurs in the first min(max_tokens, size) tokens of source i's training
+  // range: {tokens read, occurrences}. The start-up check that block-causal data has document
+  // boundaries (docs/attention.md) reads a prefix, not the corpus.
+  std::pair<int64_t, int64_t> count_in_prefix(size_t i, int64_t token, int64_t max_tokens) const;
 
  private:
   std::vector<std::shared_ptr<const TokenSource>> sources_;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/data/data_fixtures.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -108,4 +109,24 @@ TEST_CASE("documents: an unknown mask or attention type exits 2 naming the key",
   auto t = train(1, "--model.attn_type flash", dir.path.string());
   CHECK(t.rc == 2);
   CHECK_THAT(t.out, Contains("model.attn_type"));
+}
+
+TEST_CASE("documents: block_causal on data without an EOS says so at start", "[attention][app]") {
+  test::TempDir dir("doc_noeos");
+  // llm.c tokens 2..201 repeated: the default tokenizer's EOS is id 1, so no boundary.
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(2 + i % 200);
+  test::write_llmc(dir.file("noeos.bin"), tokens);
+  auto r = test::train_ranks(
+      1, kCommon + "--training.steps 1 --training.dataset_path " + dir.file("noeos.bin"),
+      dir.path.string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("training tokens of '" + dir.file("noeos.bin")) &&
+                        Contains("hold no EOS") && Contains("model.attn_mask_type"));
+  // The documents of the text file end at EOS: no such line.
+  test::TempDir ok("doc_eos");
+  auto o = train(1, "--training.steps 1", ok.path.string());
+  REQUIRE(o.rc == 0);
+  CHECK_THAT(o.out, !Contains("hold no EOS"));
 }
