@@ -126,6 +126,27 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// Packed documents for the block-causal tests (docs/attention.md): the corpus's first 3000
+// non-empty lines with a blank line (the .txt reader's document separator) after every third,
+// so documents are ~60 tokens and most 64- or 128-token windows cross a boundary. Written
+// once per process.
+inline const std::string& short_documents_file() {
+  static TempDir dir("doc_data");
+  static const std::string path = [] {
+    std::istringstream in(read_file(corpus_path()));
+    std::string line, text;
+    int n = 0;
+    while (n < 3000 && std::getline(in, line)) {
+      if (line.empty()) continue;
+      text += line + "\n";
+      if (++n % 3 == 0) text += "\n";
+    }
+    write_file(dir.file("short.txt"), text);
+    return dir.file("short.txt");
+  }();
+  return path;
+}
+
 // The training lines of a metrics.jsonl (those with a loss), by step. A resumed run appends
 // to the same file, so the last line of a step wins; a half-written line is skipped.
 inline std::map<int64_t, nlohmann::json> training_metrics(const std::string& file) {

@@ -25,28 +25,9 @@ const std::string kCommon =
     "--training.steps 3 --training.local_batch_size 4 --debug.seed 3 "
     "--model.attn_mask_type block_causal --comm.train_timeout_seconds 120 ";
 
-// The documents: the corpus's first 3000 non-empty lines, a blank line after every third
-// (the .txt reader's document separator). Written once per process.
-const std::string& short_docs() {
-  static test::TempDir dir("doc_data");
-  static const std::string path = [] {
-    std::istringstream in(test::read_file(test::corpus_path()));
-    std::string line, text;
-    int n = 0;
-    while (n < 3000 && std::getline(in, line)) {
-      if (line.empty()) continue;
-      text += line + "\n";
-      if (++n % 3 == 0) text += "\n";
-    }
-    test::write_file(dir.file("short.txt"), text);
-    return dir.file("short.txt");
-  }();
-  return path;
-}
-
 test::CmdResult train(int nproc, const std::string& args, const std::string& dir) {
-  return test::train_ranks(nproc, kCommon + "--training.dataset_path " + short_docs() + " " + args,
-                           dir);
+  return test::train_ranks(
+      nproc, kCommon + "--training.dataset_path " + test::short_documents_file() + " " + args, dir);
 }
 
 using Step = test::StepFigures;

@@ -17,6 +17,11 @@ micro-batch, row order). Output: one JSON line per step, {"step", "loss", "grad_
 "grad_norm_fp64", "lr"}: grad_norm is what torchtitan's clip_grad_norm_ returns (and clips
 with), grad_norm_fp64 the norm of the same gradients accumulated in float64.
 
+Block-causal flavors (`*_flex_attn`, `--eos_id`): the masks are torchtitan's own (its
+`get_attention_masks` and document / causal mask_mods, which define the semantics), but
+flex_attention has no backward on the CPU, so its kernel is replaced by SDPA (math, fp32)
+with the dense boolean mask those mask_mods give for every (query, key) pair.
+
 Not numerics, so replaced: training-only imports with empty stand-ins (torchtitan_ref.py's
 _StubFinder), and torch.histc on int64 expert ids, which only CUDA implements, by the same
 histogram on their float copy (ids and counts are exact in fp32).
@@ -102,6 +107,35 @@ def load_seed(model, path):
     return len(sd)
 
 
+def install_dense_flex_stand_in():
+    """flex_attention -> SDPA with the dense mask of torchtitan's mask_mod (CPU has no flex
+    backward). create_block_mask(mask_mod, B, H, Q, KV) becomes the (B, 1, Q, KV) boolean
+    tensor of mask_mod over broadcast index grids; torchtitan's mask_mods are elementwise."""
+    import torch.nn.functional as F
+    import torchtitan.models.attention as tta
+
+    from torch.nn.attention.flex_attention import BlockMask
+
+    class DenseMask(BlockMask):  # the model asserts a BlockMask; only .dense is read here
+        def __init__(self, dense):
+            self.dense = dense
+
+    def dense_mask(mask_mod, B, H, Q, KV, *args, **kwargs):
+        b = torch.arange(B).view(B, 1, 1, 1)
+        h = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+        q = torch.arange(Q).view(1, 1, Q, 1)
+        kv = torch.arange(KV).view(1, 1, 1, KV)
+        return DenseMask(mask_mod(b, h, q, kv).expand(B, 1, Q, KV))
+
+    def sdpa(q, k, v, *, block_mask=None, scale=None, enable_gqa=False, return_lse=False):
+        assert not return_lse, "the stand-in returns no lse (CP is not compared)"
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask.dense, scale=scale,
+                                              enable_gqa=enable_gqa)
+
+    tta._compiled_create_block_mask = dense_mask
+    tta.FlexAttentionWrapper._compiled_flex_attn = staticmethod(sdpa)
+
+
 def read_batches(path, steps, local_batch_size, seq_len):
     rows = {}
     with open(path) as f:
@@ -152,6 +186,8 @@ def main():
     ap.add_argument("--decay_type", default="linear")
     ap.add_argument("--min_lr_factor", type=float, default=0.0)
     ap.add_argument("--load_balance_coeff", type=float, default=1e-3, help="<= 0: off")
+    ap.add_argument("--eos_id", type=int, default=-1,
+                    help="the tokenizer's EOS, for flavors whose attention takes masks")
     a = ap.parse_args()
     prepare_torchtitan_import()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -167,6 +203,13 @@ def main():
 
     jc = job_config(a)
     model = build_model(a, jc)
+    masked = getattr(model.model_args, "attn_type", "sdpa") != "sdpa"
+    if masked:
+        assert a.eos_id >= 0, f"{a.flavor} builds masks from the EOS: pass --eos_id"
+        install_dense_flex_stand_in()
+
+    class Tokenizer:  # what get_attention_masks reads of torchtitan's tokenizer
+        eos_id = a.eos_id
     n = load_seed(model, a.weights)
     model.train()
     pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
@@ -184,7 +227,10 @@ def main():
         optimizers.zero_grad()
         lr = schedulers.schedulers[0].get_last_lr()[0]
         valid = (labels != IGNORE_INDEX).sum().float()
-        pred = model(inputs)
+        # As torchtitan's Trainer.post_dataloading_process: masks from the inputs' EOS.
+        extra = ({"attention_masks": model.get_attention_masks(inputs, Tokenizer())}
+                 if masked else {})
+        pred = model(inputs, **extra)
         loss = cross_entropy_loss(pred, labels) / valid
         del pred
         loss.backward()
