@@ -19,6 +19,7 @@
 #include "app/pipeline_dump.h"
 #include "app/train_step.h"
 #include "core/telemetry/memory_stats.h"
+#include "core/train/documents.h"
 #include "core/train/model.h"
 #include "models/moe_model.h"
 #include "models/registry.h"
@@ -59,7 +60,7 @@ Gpu gpu_named(const std::string& g) {
 struct Plan {
   int64_t world = 1, replicate = 1, shard = 1, ep = 1, tp = 1;
   bool etp = false;  // routed experts split over tp (expert_tensor_parallel_degree = tp > 1)
-  int64_t cp = 1;  // context parallel; `shard` is FSDP's group, dp_shard x cp (parallel/mesh.h)
+  int64_t cp = 1;    // context parallel; `shard` is FSDP's group, dp_shard x cp (parallel/mesh.h)
   int64_t micro_batches = 1, local_batch = 1, seq_len = 1;
   int64_t param_bytes = 4, reduce_bytes = 4;  // all-gather / reduce-scatter element sizes
   bool reshard = true;
@@ -70,8 +71,8 @@ struct Plan {
 };
 
 struct Sizes {
-  double params = 0, grads = 0, optim = 0;    // bytes on one rank
-  double max_unit = 0, root_units = 0;        // full (gathered) bytes, param dtype
+  double params = 0, grads = 0, optim = 0;       // bytes on one rank
+  double max_unit = 0, root_units = 0;           // full (gathered) bytes, param dtype
   double gather = 0, reduce = 0, replicate = 0;  // bytes one rank sends per step
   // Tensor parallel: the sequence-parallel all-gathers and reduce-scatters of activations
   // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
@@ -82,7 +83,9 @@ struct Sizes {
   double muon_gather = 0;
 };
 
-int64_t rows_of(const Param& p) { return p.value.dim() == 0 ? 1 : p.value.size(0); }
+int64_t rows_of(const Param& p) {
+  return p.value.dim() == 0 ? 1 : p.value.size(0);
+}
 
 // Walks the FSDP units exactly as parallel/fsdp.cpp cuts them.
 Sizes size_plan(const Model& m, const Plan& pl) {
@@ -349,6 +352,7 @@ struct EstimateArgs {
   JobConfig cfg;
   std::string gpu = "h100";
   int64_t world = 1;
+  int64_t document_tokens = 0;  // mean document length for a block-causal mask; 0: unknown
 };
 
 // --config FILE, --world N, --gpu G, --set section.key=value, and any training override
@@ -362,8 +366,12 @@ EstimateArgs parse_estimate_args(int argc, char** argv) {
   app.add_option("--world", a.world, "number of ranks (GPUs)")->check(CLI::PositiveNumber);
   app.add_option("--gpu", a.gpu, "a100, h100, h200 or b200 (peak FLOP/s and link bandwidths)");
   app.add_option("--set", sets, "key=value overrides, e.g. --set training.seq_len=8192");
-  app.footer("Any training override works too, e.g. --model.flavor 405B "
-             "--parallelism.tensor_parallel_degree 8.");
+  app.add_option("--document-tokens", a.document_tokens,
+                 "mean document length in tokens, for a block-causal mask's attention FLOPs")
+      ->check(CLI::NonNegativeNumber);
+  app.footer(
+      "Any training override works too, e.g. --model.flavor 405B "
+      "--parallelism.tensor_parallel_degree 8.");
   app.allow_extras();
   try {
     app.parse(argc, argv);
@@ -426,29 +434,32 @@ double print_memory(const Plan& pl, const Sizes& s, const Activations& act) {
 
 // FITS or DOES NOT FIT on the chosen card, the margin, and for a plan that does not fit the
 // keys that shrink the larger part: the sharded state, or the step's activations.
-void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double total,
-               const Gpu& g, const std::string& gpu) {
+void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double total, const Gpu& g,
+               const std::string& gpu) {
   constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
   const double budget = g.memory_gib - kReserveGib;
   const double margin = budget - total / kGib;
   if (margin >= 0) {
-    std::printf("fit: FITS on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
-                "workspaces and fragmentation): %.2f GiB to spare\n",
-                gpu.c_str(), g.memory_gib, kReserveGib, margin);
+    std::printf(
+        "fit: FITS on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
+        "workspaces and fragmentation): %.2f GiB to spare\n",
+        gpu.c_str(), g.memory_gib, kReserveGib, margin);
     return;
   }
-  std::printf("fit: DOES NOT FIT on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
-              "workspaces and fragmentation): %.2f GiB over\n",
-              gpu.c_str(), g.memory_gib, kReserveGib, -margin);
+  std::printf(
+      "fit: DOES NOT FIT on one %s (%.1f GiB, %.0f GiB held back for the CUDA context, "
+      "workspaces and fragmentation): %.2f GiB over\n",
+      gpu.c_str(), g.memory_gib, kReserveGib, -margin);
   // The keys that shrink a rank's share, each with its current value: more shards cut the
   // parameters, gradients and AdamW state; tensor parallelism cuts weights and activations;
   // the batch shape and activation checkpointing cut activations.
   const double state = s.params + s.grads + s.optim;
   std::printf("  to fit: ");
   if (state / kGib > budget / 4)
-    std::printf("shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
-                "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
-                state / kGib, static_cast<long long>(pl.shard));
+    std::printf(
+        "shard the parameters, gradients and AdamW state (%.1f GiB per rank) over more "
+        "ranks (--world, parallelism.data_parallel_shard_degree, now %lld); ",
+        state / kGib, static_cast<long long>(pl.shard));
   std::printf(
       "raise parallelism.tensor_parallel_degree (now %lld) or context_parallel_degree "
       "(now %lld); lower training.local_batch_size (now %lld) or training.seq_len (now "
@@ -461,12 +472,39 @@ void print_fit(const JobConfig& cfg, const Plan& pl, const Sizes& s, double tota
   std::printf("\n");
 }
 
+// The share of attention's FLOPs a block-causal mask keeps: documents of D tokens packed into
+// windows of T hold about T/D documents of D(D+1)/2 (query, key) pairs each, against the
+// window's T(T+1)/2, so (D+1)/(T+1). Printed with the model's attention FLOPs; 1 for causal
+// masks, and when the mean document length is not given (then said so).
+double attention_keep(const JobConfig& cfg, const ModelInfo& info, const Plan& pl,
+                      int64_t document_tokens) {
+  if (model_document_options(cfg, 0).mask != AttnMask::BlockCausal) return 1.0;
+  const double attn = 6.0 * static_cast<double>(info.attn_flops_dims * pl.seq_len);
+  if (document_tokens == 0) {
+    std::printf(
+        "attention: block_causal, counted as causal (%.4g FLOPs/token); pass "
+        "--document-tokens N (the data's mean document length) to count the mask\n",
+        attn);
+    return 1.0;
+  }
+  const double keep =
+      std::min(1.0, static_cast<double>(document_tokens + 1) / static_cast<double>(pl.seq_len + 1));
+  std::printf(
+      "attention: block_causal with documents of %lld tokens in windows of %lld keeps %.3g of "
+      "the causal pairs: %.4g -> %.4g attention FLOPs/token\n",
+      static_cast<long long>(document_tokens), static_cast<long long>(pl.seq_len), keep, attn,
+      attn * keep);
+  return keep;
+}
+
 void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu& g,
-                const std::string& gpu) {
+                const std::string& gpu, double attn_keep) {
   // A dp rank's tokens are shared by its cp ranks (each its slice of every sequence, the
   // head-tail balancer evening the attention) and its tp ranks (1/tp of every matmul).
   const double tokens = static_cast<double>(pl.micro_batches * pl.local_batch * pl.seq_len);
-  const double fpt = static_cast<double>(info.flops_per_token(pl.seq_len));
+  const double fpt =
+      static_cast<double>(info.flops_per_token(pl.seq_len)) -
+      (1.0 - attn_keep) * 6.0 * static_cast<double>(info.attn_flops_dims * pl.seq_len);
   const double rank_flops = fpt * tokens / static_cast<double>(pl.tp * pl.cp);
   const double compute_s = rank_flops / (g.peak_flops * g.efficiency);
   // TP stays inside a node (NVLink); FSDP/HSDP cross nodes once the world exceeds one.
@@ -481,35 +519,38 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
   const double step_s = std::max(compute_s, comm_s) + tp_s + s.muon_gather / bw;
   std::printf("compute: %.4g FLOPs/token, %.4g tokens per dp rank per step, %.4g FLOPs per rank\n",
               fpt, tokens, rank_flops);
-  std::printf("bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
-              "all-reduce %.4g, tensor parallel %.4g\n",
-              s.gather, s.reduce, s.replicate, s.tp_sent);
+  std::printf(
+      "bytes sent per rank per step: all-gather %.4g, reduce-scatter %.4g, "
+      "all-reduce %.4g, tensor parallel %.4g\n",
+      s.gather, s.reduce, s.replicate, s.tp_sent);
   if (pl.muon)
-    std::printf("Muon per step: %.4g bytes sent gathering FSDP-sharded matrices' updates whole "
-                "(fp32, after the backward; tensor-parallel gathers not counted)\n",
-                s.muon_gather);
+    std::printf(
+        "Muon per step: %.4g bytes sent gathering FSDP-sharded matrices' updates whole "
+        "(fp32, after the backward; tensor-parallel gathers not counted)\n",
+        s.muon_gather);
   if (pl.cp > 1)
     std::printf(
         "context parallel per step: %.4g bytes sent (K/V all-gathers and their "
         "gradients' reduce-scatters, counted from the meta-device step)\n",
         s.cp_sent);
   if (pl.tp > 1)
-    std::printf("tensor parallel per step: %.0f sequence-parallel collectives of %.4g bytes "
-                "(activations, gathered size), %lld loss all-reduces of %.4g bytes\n",
-                s.tp_collectives, s.act_bytes, static_cast<long long>(3 * pl.micro_batches),
-                s.loss_bytes);
+    std::printf(
+        "tensor parallel per step: %.0f sequence-parallel collectives of %.4g bytes "
+        "(activations, gathered size), %lld loss all-reduces of %.4g bytes\n",
+        s.tp_collectives, s.act_bytes, static_cast<long long>(3 * pl.micro_batches), s.loss_bytes);
   std::printf(
       "step time: compute %.4g s, communication %.4g s (tensor + context parallel %.4g s), step "
       "%.4g s; MFU %.1f%% (assumed: follows from the assumed efficiency below, not "
       "measured)\n",
       compute_s, comm_s + tp_s, tp_s, step_s, 100.0 * rank_flops / (step_s * g.peak_flops));
-  std::printf("assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
-              "rank (%lld GPUs per node), tensor parallel over NVLink %.4g B/s; FSDP "
-              "communication overlapped with compute, tensor-parallel not; activations counted "
-              "from a meta-device forward and backward of one micro-batch (balanced MoE routing, "
-              "flash-attention saved tensors)\n",
-              g.peak_flops, 100 * g.efficiency, intra ? "NVLink" : "inter-node", bw,
-              static_cast<long long>(g.per_node), g.intra_bytes_s);
+  std::printf(
+      "assumptions: peak %.4g FLOP/s at %.0f%% efficiency; %s bandwidth %.4g B/s per "
+      "rank (%lld GPUs per node), tensor parallel over NVLink %.4g B/s; FSDP "
+      "communication overlapped with compute, tensor-parallel not; activations counted "
+      "from a meta-device forward and backward of one micro-batch (balanced MoE routing, "
+      "flash-attention saved tensors)\n",
+      g.peak_flops, 100 * g.efficiency, intra ? "NVLink" : "inter-node", bw,
+      static_cast<long long>(g.per_node), g.intra_bytes_s);
   (void)gpu;
 }
 
@@ -536,11 +577,12 @@ void print_exchange(const JobConfig& cfg, const Plan& pl, const Model& m) {
   };
   const double f = cfg.moe.ep_capacity_factor;
   const double cap = std::max(f, cfg.moe.ep_capacity_factor_max);
-  std::printf("static expert exchange: receive buffer per MoE layer and forward %.1f MiB at "
-              "capacity factor %g (balanced %.1f MiB, growth cap %g: %.1f MiB, worst case "
-              "%.1f MiB); %zu MoE layers; not in the total above (balanced routing), the "
-              "experts' saved rows scale by the same factor\n",
-              mib(f), f, mib(1.0), cap, mib(cap), mib(INFINITY), layers.size());
+  std::printf(
+      "static expert exchange: receive buffer per MoE layer and forward %.1f MiB at "
+      "capacity factor %g (balanced %.1f MiB, growth cap %g: %.1f MiB, worst case "
+      "%.1f MiB); %zu MoE layers; not in the total above (balanced routing), the "
+      "experts' saved rows scale by the same factor\n",
+      mib(f), f, mib(1.0), cap, mib(cap), mib(INFINITY), layers.size());
 }
 
 // The point-to-point bytes of one step of `plan`, per pipeline rank and in all.
@@ -887,7 +929,7 @@ int run_estimate_command(int argc, char** argv) {
   const double total = print_memory(pl, s, act);
   print_fit(cfg, pl, s, total, g, a.gpu);
   print_exchange(cfg, pl, *m);
-  print_time(info, pl, s, g, a.gpu);
+  print_time(info, pl, s, g, a.gpu, attention_keep(cfg, info, pl, a.document_tokens));
   if (float8_linear_enabled(cfg))
     std::printf(
         "float8 linears (model.converters): not modeled; the GEMM time, the activations and the "

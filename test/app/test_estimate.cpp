@@ -46,8 +46,9 @@ TEST_CASE("estimate: parameter bytes per rank follow the sharding", "[app][estim
 }
 
 TEST_CASE("estimate: llama3 405B on 1024 ranks without allocating it", "[app][estimate]") {
-  auto r = estimate("--config configs/llama3_8b.toml --world 1024 --gpu h100 "
-                    "--set 'model.flavor=\"405B\"'");
+  auto r = estimate(
+      "--config configs/llama3_8b.toml --world 1024 --gpu h100 "
+      "--set 'model.flavor=\"405B\"'");
   INFO(r.out);
   REQUIRE(r.rc == 0);
   const double p = gib_of(r.out, R"(parameters \(fp32 shards\))");
@@ -65,14 +66,16 @@ TEST_CASE("estimate: says whether the plan fits the GPU, with the margin", "[app
   REQUIRE(small.rc == 0);
   CHECK_THAT(small.out, Catch::Matchers::Contains("fit: FITS on one h100 (79.2 GiB") &&
                             Catch::Matchers::Contains("GiB to spare"));
-  auto big = estimate("--config configs/llama3_8b.toml --world 1 --gpu h100 "
-                      "--set 'model.flavor=\"70B\"'");
+  auto big = estimate(
+      "--config configs/llama3_8b.toml --world 1 --gpu h100 "
+      "--set 'model.flavor=\"70B\"'");
   INFO(big.out);
   REQUIRE(big.rc == 0);
-  CHECK_THAT(big.out, Catch::Matchers::Contains("fit: DOES NOT FIT on one h100") &&
-                          Catch::Matchers::Contains("GiB over") &&
-                          Catch::Matchers::Contains("parallelism.data_parallel_shard_degree, now 1") &&
-                          Catch::Matchers::Contains("training.local_batch_size (now"));
+  CHECK_THAT(big.out,
+             Catch::Matchers::Contains("fit: DOES NOT FIT on one h100") &&
+                 Catch::Matchers::Contains("GiB over") &&
+                 Catch::Matchers::Contains("parallelism.data_parallel_shard_degree, now 1") &&
+                 Catch::Matchers::Contains("training.local_batch_size (now"));
   // The margin is the card's memory less the reserve less the total.
   const double total = gib_of(big.out, "total");
   std::smatch m;
@@ -128,8 +131,9 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
           "[app][estimate][tp]") {
   // torchtitan's llama3_70b.toml (TP 8, FSDP over the rest) on 64 GPUs: each rank holds
   // 1/64 of the 70.6e9 fp32 parameters (the norms, whole on every tp rank, are 0.001%).
-  auto r = estimate("--config test/core/config/torchtitan_v022/llama3_70b.toml --world 64 "
-                    "--gpu h100");
+  auto r = estimate(
+      "--config test/core/config/torchtitan_v022/llama3_70b.toml --world 64 "
+      "--gpu h100");
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
@@ -140,8 +144,9 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
   CHECK_THAT(r.out, Catch::Matchers::Contains("tensor parallel per step: 964 sequence-parallel "
                                               "collectives of 1.074e+09 bytes"));
   // torchtitan's llama4_17bx16e.toml on 64 GPUs: per-rank memory printed.
-  auto l4 = estimate("--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
-                     "--gpu h100");
+  auto l4 = estimate(
+      "--config test/core/config/torchtitan_v022/llama4_17bx16e.toml --world 64 "
+      "--gpu h100");
   INFO(l4.out);
   REQUIRE(l4.rc == 0);
   CHECK_THAT(l4.out, Catch::Matchers::Contains("dp_replicate 1 x dp_shard 8 x tp 8"));
@@ -160,8 +165,9 @@ TEST_CASE("estimate: tensor parallelism divides the parameters and counts its co
         Approx(l4p).epsilon(0.001));
   // Training's overrides work here too, and TP 2 holds half of what 1 rank does.
   auto one = estimate("--config configs/llama3_debug.toml --world 1");
-  auto two = estimate("--config configs/llama3_debug.toml --world 2 "
-                      "--parallelism.tensor_parallel_degree 2");
+  auto two = estimate(
+      "--config configs/llama3_debug.toml --world 2 "
+      "--parallelism.tensor_parallel_degree 2");
   INFO(two.out);
   REQUIRE(two.rc == 0);
   const double p1 = gib_of(one.out, R"(parameters \(fp32 shards\))");
@@ -205,18 +211,26 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
   const std::vector<Case> cases = {
       {"llama3 1 rank", 1, "llama3_debug", {}},
       {"llama3 1 rank, full AC", 1, "llama3_debug", {"activation_checkpoint.mode=\"full\""}},
-      {"llama3 1 rank, op SAC", 1, "llama3_debug",
+      {"llama3 1 rank, op SAC",
+       1,
+       "llama3_debug",
        {"activation_checkpoint.mode=\"selective\"",
         "activation_checkpoint.selective_ac_option=\"op\""}},
       {"llama4 1 rank", 1, "llama4_debug", {}},
       {"deepseek_v3 1 rank", 1, "deepseek_v3_debug", {}},
       {"llama3 FSDP 2", 2, "llama3_debug", {"parallelism.data_parallel_shard_degree=2"}},
-      {"llama3 HSDP 2x2", 4, "llama3_debug",
+      {"llama3 HSDP 2x2",
+       4,
+       "llama3_debug",
        {"parallelism.data_parallel_shard_degree=2",
         "parallelism.data_parallel_replicate_degree=2"}},
-      {"llama4 FSDP 4 + EP 2", 4, "llama4_debug",
+      {"llama4 FSDP 4 + EP 2",
+       4,
+       "llama4_debug",
        {"parallelism.data_parallel_shard_degree=4", "parallelism.expert_parallel_degree=2"}},
-      {"deepseek_v3 FSDP 4 + EP 2", 4, "deepseek_v3_debug",
+      {"deepseek_v3 FSDP 4 + EP 2",
+       4,
+       "deepseek_v3_debug",
        {"parallelism.data_parallel_shard_degree=4", "parallelism.expert_parallel_degree=2"}},
   };
   // Expert tensor parallelism with expert parallelism (ep x etp).
@@ -241,10 +255,10 @@ TEST_CASE("estimate: peak memory within 10% of the measured CPU peak", "[app][es
     }
     test::TempDir dir("estimate");
     const std::string cfg = "--config configs/" + c.config + ".toml";
-    auto run = test::run("cd " + test::source_dir() + " && OMP_NUM_THREADS=1 " +
-                         test::torchrun() + " --standalone --nproc_per_node " +
-                         std::to_string(c.world) + " --no-python " + test::binary() + " " + cfg +
-                         flags + " --training.steps 3 --metrics.log_freq 1 "
+    auto run = test::run("cd " + test::source_dir() + " && OMP_NUM_THREADS=1 " + test::torchrun() +
+                         " --standalone --nproc_per_node " + std::to_string(c.world) +
+                         " --no-python " + test::binary() + " " + cfg + flags +
+                         " --training.steps 3 --metrics.log_freq 1 "
                          "--checkpoint.enable false --validation.enable false "
                          "--metrics.enable_tensorboard false --job.dump_folder " +
                          dir.path.string());
@@ -283,23 +297,26 @@ TEST_CASE("estimate: every shipped config with compile.enable on and off", "[app
     }
 }
 
-TEST_CASE("estimate: the static expert exchange's buffers at the capacity factor", "[app][estimate]") {
+TEST_CASE("estimate: the static expert exchange's buffers at the capacity factor",
+          "[app][estimate]") {
   // issue 28: with compile.enable and EP the static exchange's receive buffer per MoE layer
   // is printed at the factor, beside the balanced share and the worst case. DeepSeek-V3 671B
   // at EP 64, one 4096-token sequence per rank, bf16: balanced = 4096 x top 8 x 7168 x 2 B =
   // 448 MiB; factor 2 twice that; worst case 32x (4 local experts of a token's 8 per pair).
-  auto r = estimate("--config configs/deepseek_v3_debug.toml --world 256 "
-                    "--set 'model.flavor=\"671B\"' --set compile.enable=true "
-                    "--set parallelism.expert_parallel_degree=64 --set training.seq_len=4096 "
-                    "--set training.local_batch_size=1");
+  auto r = estimate(
+      "--config configs/deepseek_v3_debug.toml --world 256 "
+      "--set 'model.flavor=\"671B\"' --set compile.enable=true "
+      "--set parallelism.expert_parallel_degree=64 --set training.seq_len=4096 "
+      "--set training.local_batch_size=1");
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Catch::Matchers::Contains(
                         "896.0 MiB at capacity factor 2 (balanced 448.0 MiB, growth cap 4: "
                         "1792.0 MiB, worst case 14336.0 MiB); 58 MoE layers"));
   // Without compile.enable the default exchange is the exact one: no such line.
-  auto exact = estimate("--config configs/deepseek_v3_debug.toml --world 2 "
-                        "--set parallelism.expert_parallel_degree=2");
+  auto exact = estimate(
+      "--config configs/deepseek_v3_debug.toml --world 2 "
+      "--set parallelism.expert_parallel_degree=2");
   REQUIRE(exact.rc == 0);
   CHECK_THAT(exact.out, !Catch::Matchers::Contains("static expert exchange"));
 }
@@ -411,4 +428,37 @@ TEST_CASE(
   CHECK_THAT(one, !Catch::Matchers::Contains("context parallel per step"));
   CHECK_THAT(two, Catch::Matchers::Contains("context parallel per step: 1.074e+09 bytes sent"));
   CHECK_THAT(four, Catch::Matchers::Contains("context parallel per step: 1.611e+09 bytes sent"));
+}
+
+// A block-causal mask at documents of D tokens keeps (D+1)/(T+1) of causal attention's pairs:
+// the attention FLOPs per token and the compute line shrink by that share of the attention
+// term (6 x n_layers x n_heads x (qk + v head dims) x T per token, the model's formula).
+TEST_CASE("estimate: block_causal attention FLOPs follow --document-tokens", "[app][estimate]") {
+  const std::string base =
+      "--config configs/llama3_debug.toml --world 1 --model.attn_mask_type block_causal "
+      "--training.seq_len 2047";
+  auto flops = [](const std::string& out) {
+    std::smatch m;
+    REQUIRE(std::regex_search(out, m, std::regex(R"(compute: ([0-9.e+]+) FLOPs/token)")));
+    return std::stod(m[1]);
+  };
+  auto unknown = estimate(base);
+  INFO(unknown.out);
+  REQUIRE(unknown.rc == 0);
+  CHECK_THAT(unknown.out, Catch::Matchers::Contains("counted as causal"));
+  auto causal = estimate("--config configs/llama3_debug.toml --world 1 --training.seq_len 2047");
+  REQUIRE(causal.rc == 0);
+  CHECK(causal.out.find("attention:") == std::string::npos);
+  auto docs = estimate(base + " --document-tokens 255");
+  INFO(docs.out);
+  REQUIRE(docs.rc == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(docs.out, m,
+                            std::regex(R"(keeps ([0-9.]+) of the causal pairs: ([0-9.e+]+) -> )")));
+  CHECK(std::stod(m[1]) == Approx(256.0 / 2048.0).epsilon(1e-3));
+  const double attn = std::stod(m[2]);
+  // llama3 debugmodel: 6 layers x 16 heads x (16 + 16) dims x 6 x 2047 tokens.
+  CHECK(attn == Approx(6.0 * 6 * 16 * 32 * 2047).epsilon(1e-3));
+  CHECK(flops(unknown.out) - flops(docs.out) == Approx(attn * (1 - 0.125)).epsilon(1e-3));
+  CHECK(estimate(base + " --document-tokens -3").rc == 2);
 }
