@@ -84,12 +84,15 @@ Qwen3Args qwen3_flavor(const std::string& flavor) {
 }
 
 at::Tensor apply_rope_half(const at::Tensor& x, const RopeTables& rope) {
-  const int64_t T = x.size(1), half = x.size(3) / 2;
-  TORCH_CHECK(2 * half == x.size(3) && rope.cos.size(1) == half && rope.cos.size(0) >= T,
+  const int64_t B = x.size(0), T = x.size(1), half = x.size(3) / 2;
+  // Per-document positions (rope_rows with documents): one table row per token, B * T rows.
+  const int64_t rows = rope.per_token ? B * T : T;
+  TORCH_CHECK(2 * half == x.size(3) && rope.cos.size(1) == half && rope.cos.size(0) >= rows,
               "apply_rope_half: x ", x.sizes(), " against tables ", rope.cos.sizes());
-  // (1, T, 1, D/2) fp32, broadcast over batch and heads.
-  const at::Tensor c = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
-  const at::Tensor s = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
+  // (1 or B, T, 1, D/2) fp32, broadcast over heads (and batch for a shared table).
+  const int64_t b = rope.per_token ? B : 1;
+  const at::Tensor c = rope.cos.narrow(0, 0, rows).view({b, T, 1, half});
+  const at::Tensor s = rope.sin.narrow(0, 0, rows).view({b, T, 1, half});
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor x1 = xf.narrow(3, 0, half), x2 = xf.narrow(3, half, half);
   return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, 3).to(x.scalar_type());
@@ -165,7 +168,8 @@ Qwen3::Qwen3(const Qwen3Args& a, at::Device device) : args_(a) {
 // h (B, T, D), the normed input -> wo's input (B, T, H * hd), q/k/v projected through the
 // sequence-parallel boundary (identities on one tp rank). Under tensor parallelism the
 // projections hold whole heads, so q_norm and k_norm (per head, over hd) run on them as they
-// are; under context parallelism RoPE reads this rank's positions.
+// are; under context parallelism RoPE reads this rank's positions, and with per-document
+// positions each token's position in its document.
 at::Tensor Qwen3::attention(const at::Tensor& h, const std::vector<at::Tensor>& w) const {
   std::vector<at::Tensor> qkv = seq_gather_project(h, {w[1], w[2], w[3]});
   const int64_t B = qkv[0].size(0), T = qkv[0].size(1), hd = args_.head_dim;
@@ -176,7 +180,8 @@ at::Tensor Qwen3::attention(const at::Tensor& h, const std::vector<at::Tensor>& 
     q = rms_norm(q, w[6], args_.norm_eps);
     k = rms_norm(k, w[7], args_.norm_eps);
   }
-  const RopeTables rope = rope_rows(rope_, context_parallel(), T);
+  // Per-document positions when the forward's documents carry them (docs/attention.md).
+  const RopeTables rope = rope_rows(rope_, context_parallel(), B, T, current_documents());
   q = apply_rope_half(q, rope);
   k = apply_rope_half(k, rope);
   // The forward's documents pick the mask (causal, or block-causal: docs/attention.md).

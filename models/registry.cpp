@@ -42,13 +42,6 @@ DocumentOptions model_document_options(const JobConfig& cfg, int64_t eos_id) {
     o.mask = parse_attn_mask(cfg.model.attn_mask_type, "model.attn_mask_type");
   if (cfg.model.attn_type != "flavor")
     o.type = parse_attn_type(cfg.model.attn_type, "model.attn_type");
-  // Qwen3's half-rotation RoPE reads one position table for the window (models/qwen3.cpp):
-  // per-document positions are not carried there yet, so they are refused, not ignored.
-  if (cfg.model.name == "qwen3" && cfg.model.document_positions)
-    throw UserError(
-        "model.document_positions = true with model.name = \"qwen3\": Qwen3's RoPE "
-        "does not restart positions per document yet; allowed with qwen3: false "
-        "(the block-causal mask and model.document_loss work)");
   o.positions = cfg.model.document_positions;
   o.loss = cfg.model.document_loss;
   o.eos_id = eos_id;

@@ -15,6 +15,7 @@
 #include "models/deepseek_v3.h"
 #include "models/layers.h"
 #include "models/llama3.h"
+#include "models/qwen3.h"
 #include "test_util.h"
 
 using namespace titan;
@@ -254,4 +255,55 @@ TEST_CASE("documents: a recomputed block sees its own micro-batch's documents", 
   auto ref = grads(false), got = grads(true);
   REQUIRE(ref.size() == got.size());
   for (size_t i = 0; i < ref.size(); ++i) CHECK(rel_err(got[i], ref[i]) < 1e-6);
+}
+
+// Per-document positions in Qwen3 (half-rotation RoPE, q/k norms, GQA). RoPE's scores depend
+// only on the distance between tokens, so under the block-causal mask a packed document is
+// computed as if alone at the start of a window, with or without restarted positions: the
+// second document of a packed window gets the logits it gets on its own, to 1e-5 relative.
+// Positions show under the causal mask, where the second document also sees the first: there
+// restarting them changes its logits, and changes nothing on a window without an EOS.
+TEST_CASE("documents: Qwen3 per-document positions and the block-causal mask",
+          "[attention][qwen3]") {
+  Qwen3Args a;
+  a.dim = 64;
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.head_dim = 32;
+  a.hidden_dim = 96;
+  a.vocab_size = 128;
+  a.max_seq_len = 64;
+  Qwen3 m(a, at::kCPU);
+  m.init_weights(5);
+  {
+    at::NoGradGuard ng;  // sharper q.k, so positions move the logits well past the tolerance
+    for (auto& p : m.params().all())
+      if (p.name.find(".wq.") != std::string::npos || p.name.find(".wk.") != std::string::npos)
+        p.value.mul_(8.0);
+  }
+  const int64_t T = 24, first = 10;  // document A: tokens 0..9 (EOS at 9); B: 10..23
+  at::Tensor packed = make_tokens(T, {{first - 1}}).remainder(128);
+  at::Tensor alone = packed.narrow(1, first, T - first).contiguous();
+  at::Tensor plain = make_tokens(T, {{}}).remainder(128);
+  auto logits = [&](AttnMask mask, bool positions, const at::Tensor& tok) {
+    at::NoGradGuard ng;
+    DocumentOptions o;
+    o.mask = mask;
+    o.positions = positions;
+    o.eos_id = kEos;
+    m.set_documents(o);
+    at::Tensor y = m.forward(tok).to(at::kDouble);
+    m.set_documents({});
+    return y;
+  };
+  auto rel = [](const at::Tensor& x, const at::Tensor& ref) {
+    return (x - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+  };
+  const auto BC = AttnMask::BlockCausal, C = AttnMask::Causal;
+  const at::Tensor ref = logits(BC, true, alone);
+  CHECK(rel(logits(BC, true, packed).narrow(1, first, T - first), ref) < 1e-5);
+  CHECK(rel(logits(BC, false, packed).narrow(1, first, T - first), ref) < 1e-5);
+  CHECK(rel(logits(C, true, packed), logits(C, false, packed)) > 1e-3);
+  CHECK(rel(logits(C, true, plain), logits(C, false, plain)) < 1e-6);
 }
