@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/base/errors.h"
+#include "core/train/capture_check.h"
 #include "core/train/functional.h"
 #include "models/layers.h"
 
@@ -20,28 +21,49 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Queries of this many rows attend their causal key prefix with the document mask, so the
-// scores above the diagonal tiles are never computed: at T = 2048 with 8 tiles the CPU
-// step costs about 1.14x plain causal SDPA, against 2x for one masked SDPA over the whole
-// (T, T) (docs/attention.md has the figures).
+// Queries of this many rows attend the keys up to their tile's end with the document mask,
+// so the scores above the diagonal tiles are never computed.
 constexpr int64_t kCpuTiles = 8;
 constexpr int64_t kCpuMinTile = 128;
 
-// q (B, H, T, D), k/v (B, Hkv, T, D), doc (B, T) -> (B, H, T, Dv). Every tile's mask is
-// built from the document ids on the device; no host read.
+// The first key any query of the tile starting at `s` may see: the start of the document
+// that holds query s, earliest over the batch rows. doc (B, T) int64 on the CPU, document ids
+// nondecreasing along each row. Reads host memory (no device), so only the CPU path calls it,
+// and not under the capture check, whose steps must keep their shapes.
+int64_t tile_first_key(const at::Tensor& doc, int64_t s) {
+  const at::Tensor d = doc.contiguous();
+  const int64_t B = d.size(0), T = d.size(1);
+  const int64_t* ids = d.const_data_ptr<int64_t>();
+  int64_t first = s;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* row = ids + b * T;
+    int64_t j = s;
+    while (j > 0 && row[j - 1] == row[s]) --j;
+    first = std::min(first, j);
+  }
+  return first;
+}
+
+// q (B, H, T, D), k/v (B, Hkv, T, D), doc (B, T) -> (B, H, T, Dv). Each tile's mask is built
+// from the document ids. Eagerly, a tile attends only keys from the start of its first
+// query's document (tile_first_key): with ~500-token documents at T = 2048 that skips most
+// of the causal prefix. Under the capture check (compile.enable) every tile attends its whole
+// causal prefix instead, the static shapes a captured step has (docs/attention.md).
 at::Tensor block_causal_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc, double scale, bool gqa) {
   const int64_t T = q.size(2);
   const int64_t tiles = std::max<int64_t>(1, std::min(kCpuTiles, T / kCpuMinTile));
   const int64_t len = (T + tiles - 1) / tiles;
+  const bool skip = !capture_check_active() && !q.is_meta();
   const at::Tensor pos = at::arange(T, doc.options());
   std::vector<at::Tensor> outs;
   for (int64_t s = 0; s < T; s += len) {
-    const int64_t n = std::min(len, T - s), keys = s + n;
-    at::Tensor mask = block_causal_mask(doc.narrow(1, s, n), doc.narrow(1, 0, keys),
-                                        pos.narrow(0, s, n), pos.narrow(0, 0, keys));
-    outs.push_back(masked_sdpa(q.narrow(2, s, n), k.narrow(2, 0, keys), v.narrow(2, 0, keys),
-                               mask.unsqueeze(1), scale, gqa));
+    const int64_t n = std::min(len, T - s), end = s + n;
+    const int64_t k0 = skip ? tile_first_key(doc, s) : 0;
+    at::Tensor mask = block_causal_mask(doc.narrow(1, s, n), doc.narrow(1, k0, end - k0),
+                                        pos.narrow(0, s, n), pos.narrow(0, k0, end - k0));
+    outs.push_back(masked_sdpa(q.narrow(2, s, n), k.narrow(2, k0, end - k0),
+                               v.narrow(2, k0, end - k0), mask.unsqueeze(1), scale, gqa));
   }
   return outs.size() == 1 ? outs.front() : at::cat(outs, 2);
 }

@@ -89,6 +89,9 @@ ALLOWED = {
     ("core/train/context_parallel.cpp", "ContextParallel::cached"):
         "context parallel: the positions, mask and order index tensors, copied to the device "
         "once per (length, device) on the first step and reused after (never read back)",
+    ("models/attention.cpp", "tile_first_key"):
+        "CPU tensors only, never under the capture check: the document start of each block-causal "
+        "query tile, read from host memory (the CUDA path is varlen flash, with no read)",
     ("app/compiled_step.cpp", "step_inputs_key"):
         "the input buffers' addresses as the capture's key (data_ptr of CUDA tensors; no read)",
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <set>
 #include <unordered_map>
 
@@ -184,9 +185,20 @@ ModuleScope::~ModuleScope() {
   if (pushed_ && !t_modules.empty()) t_modules.pop_back();
 }
 
-CaptureCheck::CaptureCheck(int64_t warmup_steps) : warmup_(warmup_steps) {}
+namespace {
+std::atomic<int> g_live_checks{0};
+}  // namespace
+
+bool capture_check_active() {
+  return g_live_checks.load(std::memory_order_relaxed) > 0;
+}
+
+CaptureCheck::CaptureCheck(int64_t warmup_steps) : warmup_(warmup_steps) {
+  ++g_live_checks;
+}
 
 CaptureCheck::~CaptureCheck() {
+  --g_live_checks;
   if (rec_ && rec_->handle != 0) at::removeCallback(rec_->handle);
   if (t_rec == rec_.get()) t_rec = nullptr;
 }

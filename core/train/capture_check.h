@@ -40,6 +40,11 @@ class ModuleScope {
 // check.
 #define TITAN_HOST_READ_SCOPE() RECORD_USER_SCOPE("titan::host_read")
 
+// True while a CaptureCheck exists in this process (compile.enable on the CPU): code with a
+// faster data-dependent CPU path (block-causal attention's key ranges, models/attention.cpp)
+// then runs the static one CUDA would capture, so the check sees the captured step.
+bool capture_check_active();
+
 // One dispatched op of a recorded step.
 struct CapturedOp {
   std::string name;     // "aten::mm", or a user scope ("titan::collective:all-reduce")
