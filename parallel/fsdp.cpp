@@ -694,6 +694,10 @@ at::Tensor FullyShardedDataParallel::gather_rows(int64_t i, const at::Tensor& lo
   return recv.narrow(0, 0, u.full_shape[static_cast<size_t>(k)][0]);
 }
 
+ProcessGroup& FullyShardedDataParallel::shard_group(int64_t i) const {
+  return *units_[static_cast<size_t>(where_[static_cast<size_t>(i)].first)]->group;
+}
+
 int64_t local_state_bytes(const Model& model, Optimizer& opt) {
   int64_t b = 0;
   auto bytes = [](const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); };
