@@ -87,10 +87,6 @@ class FullyShardedDataParallel : public GradSync {
 
   // The whole of parameter i (fp32, on every rank of its group): a collective, for exports.
   at::Tensor full_param(int64_t i);
-  // The whole rows of a tensor laid out like parameter i's shard (its padded rows), gathered
-  // over i's shard group only (not the expert-parallel ranks): a collective, no autograd.
-  // Muon gathers its update with it to orthogonalize whole matrices (app/muon_layout.h).
-  at::Tensor gather_rows(int64_t i, const at::Tensor& local);
   // Parameter i's shard group: the ranks whose padded rows make its whole rows (Muon's owner
   // plan exchanges the update's rows over it, app/muon_layout.h).
   ProcessGroup& shard_group(int64_t i) const;

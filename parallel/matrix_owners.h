@@ -16,7 +16,7 @@
 // collectives from step to step (capture-ready). Only the ranks that hold a level's result
 // take part in the next level: the tp group of the matrix's FSDP owner position. This
 // assumes the mesh's regularity (the ranks of a tp group sit at the same position of their
-// shard groups), which DeviceMesh's groups have.
+// shard groups), which the Mesh's groups (parallel/mesh.h) have.
 #pragma once
 
 #include <ATen/ATen.h>
