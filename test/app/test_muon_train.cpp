@@ -65,6 +65,8 @@ TEST_CASE("muon: bad Muon input exits 2 naming the key", "[muon][app]") {
       {"--optimizer.param_groups norm=Muon", {"optimizer.param_groups", "matrices"}},
       {"--optimizer.param_groups wq=Adam", {"optimizer.param_groups", "REGEX=AdamW"}},
       {"--optimizer.param_groups wq=Muon:lr=fast", {"optimizer.param_groups", "sets lr"}},
+      {"--optimizer.param_groups wq=Muon:lr=0.01 --optimizer.muon_lr 0",
+       {"optimizer.param_groups", "optimizer.muon_lr = 0"}},
       // (kSmall sets muon_lr: the first Muon key found is named)
       {"--optimizer.name AdamW --optimizer.muon_ns_steps 3",
        {"optimizer.muon_lr is set but optimizer.name = \"AdamW\""}},
