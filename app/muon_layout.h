@@ -45,9 +45,9 @@ class ShardedMatrixLayout : public MatrixLayout {
   std::unique_ptr<MatrixOwners> owners_;
 };
 
-// "=> muon: Newton-Schulz on 12 of 24 matrices per step on rank 0 (owner plan); per rank
-// [12, 12], cost per rank relative to one process [0.50, 0.50]": every rank's plan, gathered over `world` (null: one
-// process). A collective: every rank calls it.
+// "=> muon: Newton-Schulz on 12 of 24 matrices per step on rank 0 (owner plan); matrices per
+// rank [12, 12], cost per rank relative to one process [0.50, 0.50]": every rank's plan,
+// gathered over `world` (null: one process). A collective: every rank calls it.
 std::string describe_muon_plan(const Optimizer& opt, ProcessGroup* world);
 
 std::vector<OptimizerKind> route_model(const Model& model, const OptimizerSection& opt);
