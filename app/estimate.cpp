@@ -78,8 +78,9 @@ struct Sizes {
   // (each of act_bytes, the gathered size) and the loss's all-reduces of loss_bytes.
   double tp_collectives = 0, act_bytes = 0, loss_bytes = 0, tp_sent = 0;
   double cp_sent = 0;  // context parallel: K/V all-gathers and their reduce-scatters
-  // optimizer.name = "Muon": the fp32 update rows each FSDP-sharded matrix all-gathers once
-  // per step (app/muon_layout.h), after the backward, so on the critical path.
+  // optimizer.name = "Muon": the owner plan's bf16 update rows of each FSDP-sharded matrix,
+  // sent to its owner and its result's rows sent back, once per step (app/muon_layout.h),
+  // after the backward, so on the critical path.
   double muon_gather = 0;
 };
 
@@ -114,7 +115,9 @@ Sizes size_plan(const Model& m, const Plan& pl) {
       const bool muon = kinds[static_cast<size_t>(i)] == OptimizerKind::Muon;
       s.optim += (muon ? 4 : 8) * local;
       if (muon && pl.shard > 1 && p.model_shape().size() == 2)
-        s.muon_gather += static_cast<double>(group - 1) * local * 4;
+        // A rank sends its rows of the (group - 1) / group matrices it does not own (2 bytes
+        // each) and, as owner of 1 / group of them, (group - 1) ranks' rows of the result.
+        s.muon_gather += 2.0 * 2.0 * static_cast<double>(group - 1) / group * local;
       unit_full[ex] += static_cast<double>(group * chunk * row_numel);
       if (pl.shard > 1) {
         const double passes = u.block >= 0 && pl.reshard ? 2 : 1;  // forward (+ regather)
@@ -525,8 +528,9 @@ void print_time(const ModelInfo& info, const Plan& pl, const Sizes& s, const Gpu
       s.gather, s.reduce, s.replicate, s.tp_sent);
   if (pl.muon)
     std::printf(
-        "Muon per step: %.4g bytes sent gathering FSDP-sharded matrices' updates whole "
-        "(fp32, after the backward; tensor-parallel gathers not counted)\n",
+        "Muon per step: %.4g bytes sent by the owner plan for FSDP-sharded matrices "
+        "(bf16 update rows to each owner, result rows back, after the backward; "
+        "tensor-parallel slices not counted)\n",
         s.muon_gather);
   if (pl.cp > 1)
     std::printf(

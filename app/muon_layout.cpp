@@ -1,11 +1,14 @@
 #include "app/muon_layout.h"
 
+#include <sstream>
+
 #include "core/config/param_groups.h"
 
 namespace titan {
 
-ShardedMatrixLayout::ShardedMatrixLayout(Model& model, FullyShardedDataParallel* fsdp)
-    : model_(model), fsdp_(fsdp) {}
+ShardedMatrixLayout::ShardedMatrixLayout(Model& model, FullyShardedDataParallel* fsdp,
+                                         ProcessGroup* tp)
+    : model_(model), fsdp_(fsdp), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
 
 bool ShardedMatrixLayout::rows_split(const Param& p) const {
   return fsdp_ && p.sharded() && p.value.dim() == 2;
@@ -13,7 +16,7 @@ bool ShardedMatrixLayout::rows_split(const Param& p) const {
 
 bool ShardedMatrixLayout::tp_split(const Param& p) const {
   // A 3-D expert tensor split on dim 0 holds whole experts.
-  return p.tp_dim >= 0 && !(p.value.dim() == 3 && p.tp_dim == 0) && model_.tensor_parallel();
+  return tp_ && p.tp_dim >= 0 && !(p.value.dim() == 3 && p.tp_dim == 0);
 }
 
 bool ShardedMatrixLayout::split(int64_t i) const {
@@ -21,28 +24,73 @@ bool ShardedMatrixLayout::split(int64_t i) const {
   return rows_split(p) || tp_split(p);
 }
 
-at::Tensor ShardedMatrixLayout::gather(int64_t i, const at::Tensor& local) {
-  const Param& p = model_.params()[i];
-  at::Tensor t = local;
-  if (rows_split(p)) t = fsdp_->gather_rows(i, t);  // the tp slice's rows, (rows, cols)
-  if (tp_split(p)) {
-    const int64_t d = p.tp_dim;
-    t = model_.tensor_parallel()->gather_last(t.movedim(d, -1).contiguous()).movedim(-1, d);
+void ShardedMatrixLayout::plan(const std::vector<int64_t>& params) {
+  std::vector<SharedMatrix> ms;
+  for (int64_t i : params) {
+    const Param& p = model_.params()[i];
+    SharedMatrix m;
+    m.local_shape = p.value.sizes().vec();
+    // FSDP cut the tp slice's rows (padded to the same count per rank), so its rows come
+    // first; then the tp slices, equal on every tp rank.
+    if (rows_split(p)) {
+      ProcessGroup& g = fsdp_->shard_group(i);
+      if (g.size() > 1) m.cuts.push_back({&g, 0, p.full_shape()[0]});
+    }
+    if (tp_split(p)) {
+      const auto d = static_cast<size_t>(p.tp_dim);
+      TORCH_CHECK(p.model_shape()[d] == tp_->size() * p.full_shape()[d],
+                  "Muon: uneven tensor-parallel slices of ", p.name);
+      m.cuts.push_back({tp_, p.tp_dim, -1});
+    }
+    const auto w = p.model_shape();
+    const int64_t E = w.size() == 3 ? w[0] : 1, A = w[w.size() - 2], B = w[w.size() - 1];
+    m.cost = static_cast<double>(E) * A * B * std::min(A, B);
+    ms.push_back(std::move(m));
   }
-  return t.contiguous();
+  owners_ = std::make_unique<MatrixOwners>(std::move(ms));
 }
 
-at::Tensor ShardedMatrixLayout::mine(int64_t i, const at::Tensor& whole) {
-  const Param& p = model_.params()[i];
-  at::Tensor t = whole;
-  if (tp_split(p)) {
-    const int64_t d = p.tp_dim;
-    t = t.narrow(d, p.tp_offset, p.full_shape()[static_cast<size_t>(d)]);
+std::vector<at::Tensor> ShardedMatrixLayout::orthogonalize(
+    const std::vector<at::Tensor>& local,
+    const std::function<at::Tensor(const at::Tensor&)>& orth) {
+  return owners_->run(local, orth);
+}
+
+std::string describe_muon_plan(const Optimizer& opt, ProcessGroup* world) {
+  const Muon* m = opt.muon();
+  Muon::Plan p = m ? m->plan() : Muon::Plan{};
+  // (own matrices, own cost, all cost) of every rank: a setup-time collective and host read.
+  at::Tensor mine = at::tensor({static_cast<double>(p.own_matrices), p.own_cost, p.all_cost},
+                               at::TensorOptions().dtype(at::kDouble));
+  const int64_t n = world ? world->size() : 1;
+  at::Tensor all = mine;
+  if (world && n > 1) {
+    all = at::empty({3 * n}, mine.options());
+    // gloo on the CPU; NCCL wants device tensors.
+    at::Tensor dev = mine;
+    if (world->backend_name() == "nccl") {
+      dev = mine.cuda();
+      all = all.cuda();
+    }
+    world->all_gather(all, dev);
+    all = all.cpu();
   }
-  if (!rows_split(p)) return t;
-  at::Tensor out = at::zeros(p.value.sizes(), t.options());  // padding rows stay 0
-  out.narrow(0, 0, p.dim0_rows).copy_(t.narrow(0, p.dim0_offset, p.dim0_rows));
-  return out;
+  auto a = all.view({n, 3});
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(2);
+  os << "=> muon: Newton-Schulz on " << p.own_matrices << " of " << p.all_matrices
+     << " matrices per step on rank " << (world ? world->rank() : 0)
+     << " (owner plan, docs/training.md); matrices per rank [";
+  for (int64_t r = 0; r < n; ++r)
+    os << (r ? ", " : "") << static_cast<int64_t>(a[r][0].item<double>());
+  os << "], cost per rank relative to one process [";
+  for (int64_t r = 0; r < n; ++r) {
+    const double all_cost = a[r][2].item<double>();
+    os << (r ? ", " : "") << (all_cost > 0 ? a[r][1].item<double>() / all_cost : 0.0);
+  }
+  os << "]";
+  return os.str();
 }
 
 std::vector<OptimizerKind> route_model(const Model& model, const OptimizerSection& opt) {

@@ -1,40 +1,55 @@
 // Where Muon's whole matrices come from under data and tensor parallelism (core/train/muon.h).
 //
-// The plan (docs/training.md, "Muon"): the momentum update is element-wise, so each rank runs
-// it on its own slice; a matrix split over ranks is then all-gathered whole (FSDP's rows over
-// the parameter's shard group, then tensor-parallel slices over the tp group), every rank of
-// the group runs Newton-Schulz on it, and each keeps its own slice of the result. Redundant
-// compute (every rank orthogonalizes every matrix it shares) bought simplicity and exactness:
-// no rank waits on another's result. Routed experts (E, A, B) sharded or expert-parallel on
-// dim 0 hold whole matrices already and are not gathered.
+// The owner plan (docs/training.md, "Muon"): the momentum update is element-wise, so each
+// rank runs it on its own piece; a matrix split over ranks (FSDP's rows over the parameter's
+// shard group, tensor-parallel slices over the tp group, or both) then has one owner rank
+// among the ranks that share it, balanced by Newton-Schulz cost (parallel/matrix_owners.h).
+// The owner receives the pieces, orthogonalizes the whole, and sends each rank its piece of
+// the result, so the Newton-Schulz work per rank falls with the number of ranks sharing the
+// matrices. Routed experts (E, A, B) sharded or expert-parallel on dim 0 hold whole matrices
+// already: each rank orthogonalizes its own experts. DDP replicas hold whole matrices too and
+// each orthogonalizes all of them.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/config/param_groups.h"
 #include "core/train/model.h"
 #include "core/train/muon.h"
+#include "core/train/optimizer.h"
 #include "parallel/fsdp.h"
+#include "parallel/matrix_owners.h"
 
 namespace titan {
 
 class ShardedMatrixLayout : public MatrixLayout {
  public:
-  // fsdp null: nothing sharded; the model's tensor_parallel() gives the tp group, if any.
-  ShardedMatrixLayout(Model& model, FullyShardedDataParallel* fsdp);
+  // fsdp null: nothing sharded; tp: the tensor-parallel group (null without tensor
+  // parallelism; expert tensor parallelism uses the same group).
+  ShardedMatrixLayout(Model& model, FullyShardedDataParallel* fsdp, ProcessGroup* tp);
   bool split(int64_t param) const override;
-  at::Tensor gather(int64_t param, const at::Tensor& local) override;
-  at::Tensor mine(int64_t param, const at::Tensor& whole) override;
+  void plan(const std::vector<int64_t>& params) override;
+  bool owns(size_t k) const override { return owners_->owns(k); }
+  std::vector<at::Tensor> orthogonalize(
+      const std::vector<at::Tensor>& local,
+      const std::function<at::Tensor(const at::Tensor&)>& orth) override;
 
  private:
   bool rows_split(const Param& p) const;  // FSDP cut a 2-D matrix's rows
   bool tp_split(const Param& p) const;    // tensor parallelism cut a matrix dimension
   Model& model_;
   FullyShardedDataParallel* fsdp_;
+  ProcessGroup* tp_;
+  std::unique_ptr<MatrixOwners> owners_;
 };
 
-// Each parameter's optimizer (core/config/param_groups.h) over the whole model, every
-// pipeline stage's parameters included.
+// "=> muon: Newton-Schulz on 12 of 24 matrices per step on rank 0 (owner plan); matrices per
+// rank [12, 12], cost per rank relative to one process [0.50, 0.50]": every rank's plan,
+// gathered over `world` (null: one process). A collective: every rank calls it.
+std::string describe_muon_plan(const Optimizer& opt, ProcessGroup* world);
+
 std::vector<OptimizerKind> route_model(const Model& model, const OptimizerSection& opt);
 
 // Bytes of fp32 parameters + optimizer state of the whole model, unsharded, with the routing

@@ -355,10 +355,12 @@ void Trainer::setup_optimizer() {
                       all[i].model_shape(), static_cast<int64_t>(i)});
     kinds.push_back(routed[i]);
   }
-  // Muon gathers split matrices whole (app/muon_layout.h).
+  // Muon's owner plan for matrices split over ranks (app/muon_layout.h).
   if (cfg_.optimizer.name == "Muon")
-    muon_layout_ = std::make_unique<ShardedMatrixLayout>(*model_, sharded_.get());
+    muon_layout_ = std::make_unique<ShardedMatrixLayout>(*model_, sharded_.get(),
+                                                         mesh_ ? mesh_->tp_group : nullptr);
   opt_ = std::make_unique<Optimizer>(params, kinds, cfg_.optimizer, muon_layout_.get());
+  if (cfg_.optimizer.name == "Muon") log_info(describe_muon_plan(*opt_, pg_.get()));
   sched_ = std::make_unique<LRSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   const bool writer = launch_.rank == 0 || cfg_.metrics.save_for_all_ranks;
   profiler_ =

@@ -681,17 +681,8 @@ at::Tensor FullyShardedDataParallel::full_param(int64_t i) {
   return all;
 }
 
-at::Tensor FullyShardedDataParallel::gather_rows(int64_t i, const at::Tensor& local) {
-  at::NoGradGuard ng;
-  auto [ui, k] = where_[static_cast<size_t>(i)];
-  Unit& u = *units_[static_cast<size_t>(ui)];
-  std::vector<int64_t> padded = u.full_shape[static_cast<size_t>(k)];
-  TORCH_CHECK(local.size(0) == u.chunk_rows[static_cast<size_t>(k)],
-              "gather_rows: a tensor laid out like the shard of parameter ", i);
-  padded[0] = u.group->size() * u.chunk_rows[static_cast<size_t>(k)];
-  at::Tensor recv = at::empty(padded, local.options().requires_grad(false));
-  u.group->all_gather(recv, local.contiguous());
-  return recv.narrow(0, 0, u.full_shape[static_cast<size_t>(k)][0]);
+ProcessGroup& FullyShardedDataParallel::shard_group(int64_t i) const {
+  return *units_[static_cast<size_t>(where_[static_cast<size_t>(i)].first)]->group;
 }
 
 int64_t local_state_bytes(const Model& model, Optimizer& opt) {

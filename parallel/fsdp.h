@@ -34,8 +34,8 @@ struct FsdpOptions {
   at::ScalarType param_dtype = at::kFloat;   // dtype of the all-gather and of compute
   at::ScalarType reduce_dtype = at::kFloat;  // dtype of the gradient reduce-scatter
   bool reshard_after_forward = true;         // blocks only; the root units stay gathered
-  bool prefetch = true;           // forward: start the next unit's all-gather early
-  bool backward_prefetch = true;  // backward: start the previous block's regather early
+  bool prefetch = true;                      // forward: start the next unit's all-gather early
+  bool backward_prefetch = true;             // backward: start the previous block's regather early
   // Reduce-scatters (and HSDP's replica all-reduces) started in backward and not yet waited
   // for, at most; a new one first waits for the oldest beyond this (memory: each holds its
   // unit's full-size gradient buffer until done). 0: no overlap, every reduce-scatter (and
@@ -87,10 +87,9 @@ class FullyShardedDataParallel : public GradSync {
 
   // The whole of parameter i (fp32, on every rank of its group): a collective, for exports.
   at::Tensor full_param(int64_t i);
-  // The whole rows of a tensor laid out like parameter i's shard (its padded rows), gathered
-  // over i's shard group only (not the expert-parallel ranks): a collective, no autograd.
-  // Muon gathers its update with it to orthogonalize whole matrices (app/muon_layout.h).
-  at::Tensor gather_rows(int64_t i, const at::Tensor& local);
+  // Parameter i's shard group: the ranks whose padded rows make its whole rows (Muon's owner
+  // plan exchanges the update's rows over it, app/muon_layout.h).
+  ProcessGroup& shard_group(int64_t i) const;
   // Human-readable layout for the startup log.
   std::string describe() const;
   int64_t num_units() const;

@@ -656,7 +656,15 @@ static void validate_optimizer(const OptimizerSection& o) {
                     std::to_string(o.muon_ns_coefficients.size()) +
                     " values; allowed: exactly 3, (a, b, c) of the quintic Newton-Schulz step, "
                     "e.g. [3.4445, -4.7750, 2.0315]");
-  parse_param_groups(o.param_groups);  // throws on a malformed entry
+  // Throws on a malformed entry. An entry's own lr is relative to its member's peak (the
+  // schedule's factor), so a zero peak would silently ignore it.
+  for (const ParamGroupRule& r : parse_param_groups(o.param_groups)) {
+    const bool muon = r.kind == OptimizerKind::Muon;
+    if (r.set.lr > 0 && (muon ? o.muon_lr : o.lr) <= 0)
+      throw UserError("optimizer.param_groups: entry for \"" + r.pattern + "\" sets lr but " +
+                      (muon ? "optimizer.muon_lr" : "optimizer.lr") +
+                      " = 0; allowed: a group lr with a positive peak lr of its optimizer");
+  }
   if (o.name == "Muon") return;
   const OptimizerSection d = default_config().optimizer;
   auto refuse = [&](const char* key, bool changed) {

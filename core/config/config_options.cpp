@@ -200,9 +200,11 @@ void optimizer_options(std::vector<Option>& out) {
         "lr 0.2 sqrt(max(A, B)), spectral_unclamped lr sqrt(A/B)")
       .choices({"original", "match_rms_adamw", "spectral_unclamped"});
   s.add("param_groups", &OptimizerSection::param_groups, Strings{},
-        "With optimizer.name = \"Muon\": entries \"REGEX=AdamW\" or \"REGEX=Muon\"; the first "
-        "entry whose regex is found in a parameter's name picks its optimizer, before the "
-        "default routing. An entry matching no parameter exits 2");
+        "With optimizer.name = \"Muon\": entries \"REGEX=AdamW\" or \"REGEX=Muon\", each "
+        "optionally followed by \":lr=X\" and/or \":weight_decay=Y\" (the group's own peak lr, "
+        "scaled by the schedule, and weight decay); the first entry whose regex is found in a "
+        "parameter's name picks its optimizer and settings, before the default routing. An "
+        "entry matching no parameter exits 2");
 }
 
 void lr_scheduler_options(std::vector<Option>& out) {

@@ -1,38 +1,61 @@
 #include "core/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace titan {
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg)
+    : AdamW(std::move(params), std::move(decay), cfg, {}) {}
+
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg,
+             const std::vector<ParamOverride>& set)
     : params_(std::move(params)), cfg_(cfg) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    exp_avg_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
-    exp_avg_sq_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
-    steps_.push_back(at::zeros({}, params_[i].options().dtype(at::kFloat)));
-    (decay[i] ? decay_idx_ : no_decay_idx_).push_back(i);
-  }
   // The CPU kernel reads the tensor as a double, so the update equals the double-lr overload
   // bit for bit; the CUDA kernel reads fp32 from device memory.
   const at::TensorOptions o = params_.empty() ? at::TensorOptions() : params_[0].options();
   lr_ = at::zeros({}, o.dtype(o.device().is_cpu() ? at::kDouble : at::kFloat));
+  groups_.push_back({{}, cfg_.weight_decay, 1.0, lr_});
+  groups_.push_back({{}, 0.0, 1.0, lr_});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(at::zeros_like(params_[i], at::MemoryFormat::Contiguous));
+    steps_.push_back(at::zeros({}, params_[i].options().dtype(at::kFloat)));
+    const ParamOverride ov = set.empty() ? ParamOverride{} : set[i];
+    if (ov.lr < 0 && ov.weight_decay < 0) {
+      groups_[decay[i] ? 0 : 1].idx.push_back(i);
+      continue;
+    }
+    // A param_groups entry's own lr (relative to optimizer.lr, so the schedule's factor
+    // scales it alike) and weight decay (for every parameter of the group, decay flag or not).
+    const double wd = ov.weight_decay >= 0 ? ov.weight_decay : (decay[i] ? cfg_.weight_decay : 0);
+    const double scale = ov.lr < 0 ? 1.0 : (cfg_.lr > 0 ? ov.lr / cfg_.lr : 0.0);
+    auto it = std::find_if(groups_.begin() + 2, groups_.end(),
+                           [&](const Group& g) { return g.wd == wd && g.lr_scale == scale; });
+    if (it == groups_.end()) {
+      groups_.push_back({{}, wd, scale, scale == 1.0 ? lr_ : at::zeros_like(lr_)});
+      it = groups_.end() - 1;
+    }
+    it->idx.push_back(i);
+  }
 }
 
 void AdamW::set_lr(double lr) {
   at::NoGradGuard ng;
   lr_.fill_(lr);  // a host-to-device write of a scalar, never a read
+  for (Group& g : groups_)
+    if (g.lr_scale != 1.0) g.lr.fill_(lr * g.lr_scale);
   host_lr_ = lr;
 }
 
 void AdamW::step() {
   at::NoGradGuard ng;
-  step_group(decay_idx_, cfg_.weight_decay);
-  step_group(no_decay_idx_, 0.0);
+  for (const Group& g : groups_) step_group(g);
 }
 
-void AdamW::step_group(const std::vector<size_t>& idx, double wd) {
+void AdamW::step_group(const Group& grp) {
   std::vector<at::Tensor> p, g, m, v, s;
-  for (size_t i : idx) {
+  for (size_t i : grp.idx) {
     if (!params_[i].grad().defined()) continue;
     p.push_back(params_[i]);
     g.push_back(params_[i].grad());
@@ -43,24 +66,24 @@ void AdamW::step_group(const std::vector<size_t>& idx, double wd) {
   if (p.empty()) return;
   at::_foreach_add_(s, 1.0);
   if (cfg_.implementation == "fused") {
-    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr_, cfg_.beta1, cfg_.beta2, wd,
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, grp.lr, cfg_.beta1, cfg_.beta2, grp.wd,
                       cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
   } else if (cfg_.implementation == "foreach") {
-    foreach_step(p, g, m, v, s, wd);
+    foreach_step(p, g, m, v, s, grp.wd, grp.lr);
   } else {
-    loop_step(p, g, m, v, s, wd);
+    loop_step(p, g, m, v, s, grp.wd, host_lr_ * grp.lr_scale);
   }
 }
 
 void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                          std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                         std::vector<at::Tensor>& s, double wd) const {
+                         std::vector<at::Tensor>& s, double wd, const at::Tensor& lr) const {
   // Multi-tensor kernels with the bias corrections on the device (no host read of the step)
-  // and the lr read from lr_ (no host scalar that changes between steps):
+  // and the lr read from the lr tensor (no host scalar that changes between steps):
   // p = p (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-  // On the CPU lr_ is fp64 and 1 - lr wd is formed in fp64 as the host did, then rounded to
+  // On the CPU the lr is fp64 and 1 - lr wd is formed in fp64 as the host did, then rounded to
   // fp32 by the kernel as a host scalar is: the update is bit for bit the host-lr one.
-  if (wd != 0) at::_foreach_mul_(p, 1.0 - lr_ * wd);
+  if (wd != 0) at::_foreach_mul_(p, 1.0 - lr * wd);
   at::_foreach_lerp_(m, g, 1.0 - cfg_.beta1);
   at::_foreach_mul_(v, cfg_.beta2);
   at::_foreach_addcmul_(v, g, g, 1.0 - cfg_.beta2);
@@ -71,7 +94,7 @@ void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
   at::_foreach_neg_(bc2);
   at::_foreach_add_(bc2, 1.0);
   at::_foreach_sqrt_(bc2);
-  auto step = at::_foreach_div(bc1, lr_);  // -lr / bc1 after the two in-place ops
+  auto step = at::_foreach_div(bc1, lr);  // -lr / bc1 after the two in-place ops
   at::_foreach_reciprocal_(step);
   at::_foreach_neg_(step);
   auto denom = at::_foreach_sqrt(v);
@@ -83,10 +106,9 @@ void AdamW::foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
 
 void AdamW::loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                       std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                      std::vector<at::Tensor>& s, double wd) const {
+                      std::vector<at::Tensor>& s, double wd, double lr) const {
   // The textbook update, one parameter at a time, reading the step on the host: a reference
   // for checking the other two, not for speed (refused under compile.enable).
-  const double lr = host_lr_;
   for (size_t j = 0; j < p.size(); ++j) {
     const double t = s[j].item<double>();
     p[j].mul_(1.0 - lr * wd);
@@ -192,8 +214,16 @@ void Optimizer::build(const std::vector<OptParam>& params, const std::vector<Opt
       decay.push_back(params[i].decay);
     }
   }
-  adamw_ = std::make_unique<AdamW>(a, decay, cfg_);  // possibly empty: holds the lr tensor
-  if (!m.empty()) muon_ = std::make_unique<Muon>(m, ids, whole, MuonArgs::from(cfg_), layout);
+  // optimizer.param_groups' own lr and weight decay, from the entry that routed each one.
+  std::vector<ParamOverride> set_a, set_m;
+  const std::vector<ParamGroupRule> rules =
+      cfg_.name == "Muon" ? parse_param_groups(cfg_.param_groups) : std::vector<ParamGroupRule>{};
+  for (size_t i = 0; i < params.size(); ++i)
+    (kinds[i] == OptimizerKind::Muon ? set_m : set_a)
+        .push_back(rules.empty() ? ParamOverride{} : param_override(params[i].name, rules));
+  adamw_ = std::make_unique<AdamW>(a, decay, cfg_, set_a);  // possibly empty: holds the lr tensor
+  if (!m.empty())
+    muon_ = std::make_unique<Muon>(m, ids, whole, MuonArgs::from(cfg_), layout, set_m);
 }
 
 void Optimizer::set_lr(double lr) {

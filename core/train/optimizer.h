@@ -23,6 +23,11 @@ namespace titan {
 class AdamW {
  public:
   AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg);
+  // With optimizer.param_groups' settings per parameter (empty: none): a parameter whose
+  // group sets lr or weight_decay steps in a group of its own with that lr (scaled by the
+  // schedule as optimizer.lr is) and weight decay.
+  AdamW(std::vector<at::Tensor> params, std::vector<bool> decay, const OptimizerSection& cfg,
+        const std::vector<ParamOverride>& set);
   // Writes the learning rate into the device tensor every implementation reads. Called
   // before the step (before a graph replay), never inside it: a captured step then reads
   // each replay's lr from device memory instead of baking in the capture-time value.
@@ -46,19 +51,27 @@ class AdamW {
   const std::vector<at::Tensor>& params() const { return params_; }
 
  private:
-  void step_group(const std::vector<size_t>& idx, double wd);
+  // Parameters stepping with one weight decay and one lr (lr_ times lr_scale).
+  struct Group {
+    std::vector<size_t> idx;
+    double wd = 0, lr_scale = 1;
+    at::Tensor lr;  // lr_ itself when lr_scale is 1, else its own tensor (set_lr fills it)
+  };
+  void step_group(const Group& grp);
   // optimizer.implementation = "foreach": multi-tensor ATen ops, no host read.
   void foreach_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g,
                     std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
-                    std::vector<at::Tensor>& s, double wd) const;
+                    std::vector<at::Tensor>& s, double wd, const at::Tensor& lr) const;
   // optimizer.implementation = "for-loop": one parameter at a time (a reference).
   void loop_step(std::vector<at::Tensor>& p, std::vector<at::Tensor>& g, std::vector<at::Tensor>& m,
-                 std::vector<at::Tensor>& v, std::vector<at::Tensor>& s, double wd) const;
+                 std::vector<at::Tensor>& v, std::vector<at::Tensor>& s, double wd,
+                 double lr) const;
 
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
   at::Tensor lr_;       // fp32 on CUDA (the kernel reads a float*), fp64 on the CPU
   double host_lr_ = 0;  // what set_lr wrote; only the for-loop reference reads it
-  std::vector<size_t> decay_idx_, no_decay_idx_;
+  // Decay (optimizer.weight_decay), no decay, then one per distinct param_groups setting.
+  std::vector<Group> groups_;
   OptimizerSection cfg_;
 };
 
@@ -109,6 +122,7 @@ class Optimizer {
   // Bytes of every state tensor on this rank (AdamW 8 per element, Muon 4).
   int64_t state_bytes() const;
   int64_t num_muon() const { return muon_ ? static_cast<int64_t>(muon_->params().size()) : 0; }
+  const Muon* muon() const { return muon_.get(); }  // null without Muon parameters
 
  private:
   void build(const std::vector<OptParam>& params, const std::vector<OptimizerKind>& kinds,
