@@ -77,14 +77,14 @@ def grads_as_ours(model):
     return out
 
 
-def main():
-    weights_path, tokens_path, out_path = sys.argv[1:4]
-    prepare_torchtitan_import()
+def patch_flex_for_cpu():
+    """flex_attention has no CPU backward: torchtitan's attention wrapper gets a dense softmax
+    over the BlockMask's own mask_mod, checked on its first two calls against flex_attention's
+    forward (output and log-sum-exp, 1e-5); create_block_mask runs eagerly on the CPU.
+    Call after prepare_torchtitan_import()."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
     import torchtitan.models.attention as tt_attention
-    from torchtitan.models.gpt_oss import gptoss_configs
-    from torchtitan.models.gpt_oss.model.model import GptOssModel
 
     def dense_flex(q, k, v, block_mask=None, scale=None, return_lse=False, enable_gqa=False):
         """flex_attention's result over the BlockMask's mask_mod, densely (autograd on CPU)."""
@@ -114,6 +114,14 @@ def main():
     tt_attention.FlexAttentionWrapper._compiled_flex_attn = staticmethod(checked_flex)
     tt_attention._compiled_create_block_mask = lambda *a, **k: create_block_mask(
         *a, **{**k, "device": "cpu"})
+
+
+def main():
+    weights_path, tokens_path, out_path = sys.argv[1:4]
+    prepare_torchtitan_import()
+    patch_flex_for_cpu()
+    from torchtitan.models.gpt_oss import gptoss_configs
+    from torchtitan.models.gpt_oss.model.model import GptOssModel
 
     with safe_open(weights_path, "pt") as f:
         cfg = json.loads(f.metadata()["config"])
