@@ -1,5 +1,7 @@
-// The GPT-OSS debug model in the layouts, through the binary over gloo: FSDP 2, EP 2 and TP 2
-// (attention heads with their biases and sinks split, the MoE layer's experts whole) each give
+// The GPT-OSS debug model in the layouts, through the binary over gloo: FSDP 2, EP 2, TP 2
+// (attention heads with their biases and sinks split, the MoE layer's experts whole), TP 2 with
+// expert tensor parallelism (w1/w3 and their biases split by hidden rows, w2's bias added on
+// one tp rank) and PP 2 (one block per stage) each give
 // the losses and gradient norms of one process on the same global batch, within a relative
 // 1e-5 (fp32 sums in another order, the other layouts' tolerance). Two of the four layers
 // (model.n_layers 2: one sliding-window layer, one full), 32-token sequences (the 128-key
@@ -31,7 +33,7 @@ test::CmdResult train(int nproc, const std::string& args, const std::string& dir
 
 }  // namespace
 
-TEST_CASE("gpt_oss: the debug model on FSDP 2, EP 2 and TP 2 trains as 1 rank does",
+TEST_CASE("gpt_oss: the debug model on FSDP 2, EP 2, TP 2, ETP 2 and PP 2 trains as 1 rank does",
           "[gpt_oss][moe][dist][app]") {
   test::TempDir ref_dir("go_ref");
   auto r = train(1, "", ref_dir.path.string());
@@ -42,10 +44,16 @@ TEST_CASE("gpt_oss: the debug model on FSDP 2, EP 2 and TP 2 trains as 1 rank do
   struct Layout {
     std::string flags, says;  // says: the start-up line that proves the layout ran
   };
+  const std::string big = " --training.local_batch_size 4";
   for (const Layout& l :
        {Layout{"", "dp_replicate 1 x dp_shard 2"},
         Layout{"--parallelism.expert_parallel_degree 2", "(ep 2"},
-        Layout{"--parallelism.tensor_parallel_degree 2 --training.local_batch_size 4", "x tp 2"}}) {
+        Layout{"--parallelism.tensor_parallel_degree 2" + big, "x tp 2"},
+        Layout{"--parallelism.tensor_parallel_degree 2 "
+               "--parallelism.expert_tensor_parallel_degree 2" +
+                   big,
+               "routed experts split over tp ("},
+        Layout{"--parallelism.pipeline_parallel_degree 2" + big, ": pipeline parallel "}}) {
     test::TempDir dir("go_run");
     auto p = train(2, l.flags, dir.path.string());
     INFO(l.flags << "\n" << p.out);
@@ -82,7 +90,8 @@ TEST_CASE("gpt_oss: Hugging Face import and export exit 2 with one line", "[gpt_
   // Not implemented yet (docs/models.md): refused at start-up, before any model is built.
   test::TempDir dir("go_hf");
   for (const std::string flags :
-       {"--checkpoint.initial_load_path " + dir.file("hf") + " --checkpoint.initial_load_in_hf true",
+       {"--checkpoint.initial_load_path " + dir.file("hf") +
+            " --checkpoint.initial_load_in_hf true",
         std::string("--checkpoint.enable true --checkpoint.last_save_in_hf true")}) {
     auto r = train(1, flags, dir.file("run"));
     INFO(flags << "\n" << r.out);
