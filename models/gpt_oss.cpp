@@ -100,13 +100,14 @@ at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kLong).device(q.device()));
   const at::Tensor diff = pos.view({T, 1}) - pos.view({1, T});  // query - key
   at::Tensor allowed = diff.ge(0);
-  if (window > 0) allowed = allowed.logical_and(diff.lt(window));
+  // Bitwise ops on bool masks: logical_and has no meta kernel (titan-train estimate).
+  if (window > 0) allowed = allowed.bitwise_and(diff.lt(window));
   allowed = allowed.view({1, 1, T, T});
   if (docs != nullptr && docs->block_causal) {
     const at::Tensor& id = docs->doc_ids;  // (B, T)
-    allowed = allowed.logical_and(id.view({B, 1, T, 1}).eq(id.view({B, 1, 1, T})));
+    allowed = allowed.bitwise_and(id.view({B, 1, T, 1}).eq(id.view({B, 1, 1, T})));
   }
-  s = s.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  s = s.masked_fill(allowed.bitwise_not(), -std::numeric_limits<double>::infinity());
   const at::Tensor sink = sinks.to(at::kFloat).view({1, H, 1, 1}).expand({B, H, T, 1});
   const at::Tensor p = at::softmax(at::cat({s, sink}, 3), 3).narrow(3, 0, T);
   const at::Tensor o = at::matmul(p, vf);  // (B, H, T, D)

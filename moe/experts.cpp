@@ -433,7 +433,9 @@ at::Tensor loop_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const 
 at::Tensor clamped_swiglu(const at::Tensor& h1, const at::Tensor& h3, double limit, double alpha) {
   if (limit <= 0) return at::silu(h1) * h3;
   at::Tensor g = h1.clamp_max(limit);
-  return g * at::sigmoid(g * alpha) * (h3.clamp(-limit, limit) + 1);
+  // clamp_min then clamp_max, not clamp: the same values and gradients (both bounds
+  // inclusive), and their backward has meta kernels (clamp's uses logical_and: estimate).
+  return g * at::sigmoid(g * alpha) * (h3.clamp_min(-limit).clamp_max(limit) + 1);
 }
 
 at::Tensor grouped_experts_extras(const at::Tensor& x_padded, const at::Tensor& w1,

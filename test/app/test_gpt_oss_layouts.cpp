@@ -105,3 +105,14 @@ TEST_CASE("gpt_oss: Hugging Face import and export exit 2 with one line", "[gpt_
   CHECK(c.rc == 2);
   CHECK_THAT(c.out, Contains("gpt_oss"));
 }
+
+TEST_CASE("gpt_oss: titan-train estimate runs the debug model on the meta device",
+          "[gpt_oss][app]") {
+  // Its meta-device forward and backward need meta kernels for every op of the sink attention
+  // and the clamped SwiGLU's backward.
+  auto r = test::run("cd " + test::source_dir() + " && " + test::binary() +
+                     " estimate --config configs/gpt_oss_debug.toml");
+  INFO(r.out);
+  CHECK(r.rc == 0);
+  CHECK_THAT(r.out, Contains("FLOPs/token"));
+}
