@@ -713,16 +713,10 @@ void validate_config(const JobConfig& cfg) {
                     " is less than profiler_warmup + profiler_active = " +
                     std::to_string(pr.profiler_warmup + pr.profiler_active) +
                     "; allowed: profile_freq >= profiler_warmup + profiler_active");
-  if (cfg.checkpoint.last_save_in_hf &&
-      (cfg.model.name == "llama4" || cfg.model.name == "gpt_oss"))
-    throw UserError("checkpoint.last_save_in_hf = true is not supported for model.name = \"" +
-                    cfg.model.name + "\"; allowed: llama3, deepseek_v3, qwen3");
-  // GPT-OSS has no Hugging Face names or MXFP4 dequantization yet (docs/models.md).
-  if (cfg.checkpoint.initial_load_in_hf && cfg.model.name == "gpt_oss")
+  if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
     throw UserError(
-        "checkpoint.initial_load_in_hf = true with model.name = \"gpt_oss\": Hugging Face "
-        "import (GptOssForCausalLM names, MXFP4 expert weights) is not implemented for gpt_oss "
-        "yet; allowed: llama3, deepseek_v3, qwen3");
+        "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
+        "allowed: llama3, deepseek_v3, qwen3, gpt_oss");
   if (!(cfg.moe.ep_capacity_factor > 0))
     throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
                     " is not allowed; allowed: a factor > 0 (e.g. 2, the default), or inf (the "

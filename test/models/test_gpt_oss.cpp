@@ -16,6 +16,7 @@
 
 #include "core/base/errors.h"
 #include "core/checkpoint/safetensors.h"
+#include "models/hf_interop.h"
 #include "models/gpt_oss.h"
 #include "test_util.h"
 
@@ -228,4 +229,117 @@ TEST_CASE("gpt_oss: the grouped experts path equals the loop", "[gpt_oss][moe]")
   }
   WARN("gpt_oss grouped experts vs loop: logits rel err " << e << ", worst gradient " << worst);
   CHECK(e <= 1e-5);
+}
+
+TEST_CASE("gpt_oss: transformers' GptOssForCausalLM gives our logits, loss and gradients",
+          "[gpt_oss][hf]") {
+  // Our export of the tiny model (random sinks, biases, clamp-biting experts) loaded by
+  // transformers (test/reference/hf_interop_check.py, fp32, eager attention): logits and the
+  // mean next-token loss within a relative 1e-5, every gradient transformers' names reach
+  // within 1e-4 of its largest entry. The expert-bias buffers stay zero: transformers has no
+  // place for them. Then the folder imports back to the same tensors, bit for bit.
+  GptOssArgs a = tiny();
+  a.max_seq_len = 24;
+  GptOss model(a, at::kCPU);
+  model.init_weights(11);
+  randomize(model, 12);
+  for (auto& [n, t] : model.buffers()) t.zero_();
+  test::TempDir tmp("gpt-oss-hf");
+  export_gpt_oss_hf(model, tmp.file("hf"), {});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const at::Tensor tokens = at::randint(a.vocab_size, {2, 24}, gen, at::kLong);
+  save_safetensors(tmp.file("tokens.safetensors"), {{"tokens", tokens}});
+  auto r = test::run(test::python() + " " + test::source_dir() +
+                     "/test/reference/hf_interop_check.py logits " + tmp.file("hf") + " " +
+                     tmp.file("tokens.safetensors") + " " + tmp.file("out.safetensors"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  auto out = SafetensorsFile::open(tmp.file("out.safetensors"));
+  const at::Tensor logits = model.forward(tokens);
+  const int64_t T = tokens.size(1);
+  const at::Tensor loss =
+      at::cross_entropy_loss(logits.narrow(1, 0, T - 1).reshape({-1, a.vocab_size}),
+                             tokens.narrow(1, 1, T - 1).reshape({-1}));
+  loss.backward();
+  const double e = test::rel_err(logits.detach(), out.get("logits"));
+  const double el = std::abs(loss.item<double>() - out.get("loss").item<double>()) /
+                    out.get("loss").item<double>();
+  CHECK(e <= 1e-5);
+  CHECK(el <= 1e-5);
+  double worst = 0;
+  int64_t compared = 0;
+  for (const HfTensorMap& m : gpt_oss_hf_map(a)) {
+    const std::string g = "grad/" + m.hf[0];
+    if (!out.contains(g) || model.params().index_of(m.ours) < 0) continue;
+    const double ge =
+        test::rel_err(model.params()[model.params().index_of(m.ours)].value.grad(), out.get(g));
+    INFO(m.ours << " gradient rel err " << ge);
+    CHECK(ge <= 1e-4);
+    worst = std::max(worst, ge);
+    ++compared;
+  }
+  // The fused experts: transformers' gate_up_proj gradient (E, D, 2H), gate on the even
+  // columns, against ours of w1 and w3; down_proj's against w2's, transposed.
+  auto grad = [&](const std::string& n) {
+    return model.params()[model.params().index_of(n)].value.grad();
+  };
+  for (int64_t l = 0; l < a.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".moe.experts.";
+    const std::string h = "grad/model.layers." + std::to_string(l) + ".mlp.experts.";
+    const at::Tensor gu = out.get(h + "gate_up_proj"), gb = out.get(h + "gate_up_proj_bias");
+    for (const auto& [ours, theirs] :
+         {std::pair<at::Tensor, at::Tensor>{grad(p + "w1"),
+                                            gu.slice(2, 0, gu.size(2), 2).transpose(1, 2)},
+          {grad(p + "w3"), gu.slice(2, 1, gu.size(2), 2).transpose(1, 2)},
+          {grad(p + "w1_bias"), gb.slice(1, 0, gb.size(1), 2)},
+          {grad(p + "w3_bias"), gb.slice(1, 1, gb.size(1), 2)},
+          {grad(p + "w2"), out.get(h + "down_proj").transpose(1, 2)}}) {
+      const double ge = test::rel_err(ours, theirs);
+      INFO(p << " fused expert gradient rel err " << ge);
+      CHECK(ge <= 1e-4);
+      worst = std::max(worst, ge);
+      ++compared;
+    }
+  }
+  CHECK(compared == 3 + a.n_layers * (14 + 5));
+  WARN("gpt_oss vs transformers GptOssForCausalLM: logits rel err "
+       << e << ", loss rel err " << el << ", " << compared << " gradients, worst rel err "
+       << worst);
+
+  GptOss back(a, at::kCPU);
+  back.init_weights(14);
+  import_gpt_oss_hf(back, tmp.file("hf"));
+  for (int64_t i = 0; i < model.params().size(); ++i) {
+    INFO(model.params()[i].name);
+    CHECK(back.params()[i].value.equal(model.params()[i].value));
+  }
+}
+
+TEST_CASE("gpt_oss: an MXFP4 or foreign Hugging Face folder exits 2 with one line",
+          "[gpt_oss][hf]") {
+  // The release's experts are MXFP4 (config.json quantization_config): no dequantization yet.
+  test::TempDir tmp("gpt-oss-mxfp4");
+  GptOss model(tiny(), at::kCPU);
+  model.init_weights(1);
+  export_gpt_oss_hf(model, tmp.file("hf"), {});
+  const std::string cfg_path = tmp.file("hf") + "/config.json";
+  nlohmann::json cfg = nlohmann::json::parse(test::read_file(cfg_path));
+  cfg["quantization_config"] = {{"quant_method", "mxfp4"}};
+  test::write_file(cfg_path, cfg.dump());
+  try {
+    import_gpt_oss_hf(model, tmp.file("hf"));
+    FAIL("no UserError");
+  } catch (const UserError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("MXFP4") != std::string::npos);
+  }
+  auto r = test::run(test::binary() + " convert-hf --model gpt_oss --flavor debugmodel --from-hf " +
+                     tmp.file("hf") + " --to-safetensors " + tmp.file("x.safetensors"));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("quantization_config") != std::string::npos);
+  cfg.erase("quantization_config");
+  cfg["model_type"] = "qwen3";
+  test::write_file(cfg_path, cfg.dump());
+  CHECK_THROWS_AS(import_gpt_oss_hf(model, tmp.file("hf")), UserError);
 }
