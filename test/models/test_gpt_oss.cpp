@@ -17,6 +17,7 @@
 #include "core/base/errors.h"
 #include "core/checkpoint/safetensors.h"
 #include "models/hf_interop.h"
+#include "models/generation.h"
 #include "models/gpt_oss.h"
 #include "test_util.h"
 
@@ -342,4 +343,25 @@ TEST_CASE("gpt_oss: an MXFP4 or foreign Hugging Face folder exits 2 with one lin
   cfg["model_type"] = "qwen3";
   test::write_file(cfg_path, cfg.dump());
   CHECK_THROWS_AS(import_gpt_oss_hf(model, tmp.file("hf")), UserError);
+}
+
+TEST_CASE("gpt_oss: generation without the KV cache; with it, a user error", "[gpt_oss]") {
+  GptOss m(tiny(), at::kCPU);
+  m.init_weights(2);
+  GenerateOptions o;
+  o.max_new_tokens = 5;
+  o.sample.temperature = 0;
+  o.vocab_limit = 50;  // a tokenizer smaller than the table: ids past it are never chosen
+  CHECK_THROWS_AS(generate_tokens(m, {1, 2, 3}, o), UserError);
+  o.use_cache = false;
+  const std::vector<int64_t> out = generate_tokens(m, {1, 2, 3}, o);
+  REQUIRE(out.size() == 5);
+  // Greedy: each token is the argmax (below the limit) of a full forward of what came before.
+  std::vector<int64_t> seq = {1, 2, 3};
+  for (int64_t t : out) {
+    at::NoGradGuard ng;
+    const at::Tensor logits = m.forward(at::tensor(seq, at::kLong).view({1, -1}));
+    CHECK(logits[0][logits.size(1) - 1].narrow(0, 0, 50).argmax().item<int64_t>() == t);
+    seq.push_back(t);
+  }
 }
