@@ -218,7 +218,7 @@ HfImportStats import_gpt_oss_hf(GptOss& model, const std::string& dir);
 
 // ---- Any model ---------------------------------------------------------------------------------
 
-// model.name values with a Hugging Face mapping: llama3, deepseek_v3, qwen3.
+// model.name values with a Hugging Face mapping: llama3, deepseek_v3, qwen3, gpt_oss.
 std::vector<std::string> hf_supported_models();
 bool hf_supported(const Model& model);
 // A UserError that starts with `what` and names model.name and the supported ones, unless
