@@ -345,7 +345,8 @@ TEST_CASE("gpt_oss: an MXFP4 or foreign Hugging Face folder exits 2 with one lin
   CHECK_THROWS_AS(import_gpt_oss_hf(model, tmp.file("hf")), UserError);
 }
 
-TEST_CASE("gpt_oss: generation without the KV cache; with it, a user error", "[gpt_oss]") {
+TEST_CASE("gpt_oss: generation works without the KV cache and is a user error with it",
+          "[gpt_oss]") {
   GptOss m(tiny(), at::kCPU);
   m.init_weights(2);
   GenerateOptions o;
