@@ -18,6 +18,7 @@
 #include "models/deepseek_v3.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "models/gpt_oss.h"
 #include "models/qwen3.h"
 
 namespace titan {
@@ -74,6 +75,7 @@ std::unique_ptr<Model> convert_model(const std::string& name, const std::string&
                                      int64_t seq_len) {
   if (name == "llama3") return std::make_unique<Llama3>(llama3_flavor(flavor), at::kCPU);
   if (name == "qwen3") return std::make_unique<Qwen3>(qwen3_flavor(flavor), at::kCPU);
+  if (name == "gpt_oss") return std::make_unique<GptOss>(gpt_oss_flavor(flavor), at::kCPU);
   DeepSeekV3Args a = deepseek_v3_flavor(flavor);
   a.max_seq_len = seq_len;
   return std::make_unique<DeepSeekV3>(a, at::kCPU);
@@ -86,7 +88,7 @@ int run_convert_hf(int argc, char** argv) {
       "file of titan-train parameter names"};
   std::string model = "llama3", flavor, from_hf, to_st, from_st, to_hf, dtype = "float32";
   int64_t seq_len = 2048;
-  app.add_option("--model", model, "model family: llama3, deepseek_v3 or qwen3 (default llama3)")
+  app.add_option("--model", model, "model family: llama3, deepseek_v3, qwen3 or gpt_oss (default llama3)")
       ->check(CLI::IsMember(hf_supported_models()));
   app.add_option("--flavor", flavor,
                  "model flavor (shapes); hf: the --from-hf folder's config.json (llama3)")

@@ -55,7 +55,10 @@ std::vector<int64_t> generate_tokens(Model& model, const std::vector<int64_t>& p
     } else {
       logits = model.forward(as_tensor(seq));
     }
-    const int64_t next = sample_token(logits[0][logits.size(1) - 1], opts.sample, gen);
+    at::Tensor last = logits[0][logits.size(1) - 1];  // (V)
+    if (opts.vocab_limit > 0 && opts.vocab_limit < last.size(0))
+      last = last.narrow(0, 0, opts.vocab_limit);
+    const int64_t next = sample_token(last, opts.sample, gen);
     seq.push_back(next);
     out.push_back(next);
     feed = {next};

@@ -28,6 +28,9 @@ struct GenerateOptions {
   int64_t max_new_tokens = 32;
   int64_t stop_token = -1;  // stop after generating it (EOS); -1: never
   bool use_cache = true;    // false: a full forward per new token (the reference)
+  // > 0: sample only ids below it (the tokenizer's vocabulary, when the model's table is
+  // larger, as gpt_oss's 201088 rows against a small tokenizer); 0: every id.
+  int64_t vocab_limit = 0;
 };
 
 // The continuation of `prompt` (its token ids): up to max_new_tokens new ids (fewer when

@@ -629,12 +629,12 @@ HfImportStats import_hf(ParamStore& params, const std::vector<HfTensorMap>& map,
 // ---- Any model ----------------------------------------------------------------------------------
 
 std::vector<std::string> hf_supported_models() {
-  return {"llama3", "deepseek_v3", "qwen3"};
+  return {"llama3", "deepseek_v3", "qwen3", "gpt_oss"};
 }
 
 bool hf_supported(const Model& model) {
   return dynamic_cast<const Llama3*>(&model) || dynamic_cast<const DeepSeekV3*>(&model) ||
-         dynamic_cast<const Qwen3*>(&model);
+         dynamic_cast<const Qwen3*>(&model) || dynamic_cast<const GptOss*>(&model);
 }
 
 void require_hf_supported(const Model& model, const std::string& what) {
@@ -654,6 +654,7 @@ void export_model_hf(const Model& model, const std::string& dir, const HfExportO
   require_hf_supported(model, "export to Hugging Face");
   if (auto* llama = dynamic_cast<const Llama3*>(&model)) return export_llama3_hf(*llama, dir, opts);
   if (auto* qwen = dynamic_cast<const Qwen3*>(&model)) return export_qwen3_hf(*qwen, dir, opts);
+  if (auto* oss = dynamic_cast<const GptOss*>(&model)) return export_gpt_oss_hf(*oss, dir, opts);
   export_deepseek_v3_hf(dynamic_cast<const DeepSeekV3&>(model), dir, opts);
 }
 
@@ -661,6 +662,7 @@ HfImportStats import_model_hf(Model& model, const std::string& dir) {
   require_hf_supported(model, "import from Hugging Face");
   if (auto* llama = dynamic_cast<Llama3*>(&model)) return import_llama3_hf(*llama, dir);
   if (auto* qwen = dynamic_cast<Qwen3*>(&model)) return import_qwen3_hf(*qwen, dir);
+  if (auto* oss = dynamic_cast<GptOss*>(&model)) return import_gpt_oss_hf(*oss, dir);
   return import_deepseek_v3_hf(dynamic_cast<DeepSeekV3&>(model), dir);
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/deepseek_v3.h"
+#include "models/gpt_oss.h"
 #include "models/llama3.h"
 #include "models/qwen3.h"
 #include "core/train/model.h"
@@ -201,9 +202,23 @@ void export_qwen3_hf(const Qwen3& model, const std::string& dir, const HfExportO
 // fields against the model: a folder of another architecture is a UserError.
 HfImportStats import_qwen3_hf(Qwen3& model, const std::string& dir);
 
+// ---- GPT-OSS ---------------------------------------------------------------------------------
+
+// torchtitan's gpt_oss names <-> transformers' GptOssForCausalLM names (models/hf_gpt_oss.cpp):
+// one to one except the experts, whose fused gate_up_proj (E, dim, 2 hidden; gate on the even
+// columns) and down_proj (E, hidden, dim) map to our w1, w3 and w2 (through the synthetic names
+// <layer>.moe.experts.gate_up_proj, gate_up_proj_bias and down_proj).
+std::vector<HfTensorMap> gpt_oss_hf_map(const GptOssArgs& args);
+nlohmann::ordered_json gpt_oss_hf_config(const GptOssArgs& args, at::ScalarType dtype);
+// Warns when the expert-bias buffers (which transformers has no place for) are non-zero.
+void export_gpt_oss_hf(const GptOss& model, const std::string& dir, const HfExportOptions& opts);
+// Checks config.json (model_type "gpt_oss", structural fields); a quantization_config (the
+// release's MXFP4 experts) is a UserError: no dequantization yet.
+HfImportStats import_gpt_oss_hf(GptOss& model, const std::string& dir);
+
 // ---- Any model ---------------------------------------------------------------------------------
 
-// model.name values with a Hugging Face mapping: llama3, deepseek_v3, qwen3.
+// model.name values with a Hugging Face mapping: llama3, deepseek_v3, qwen3, gpt_oss.
 std::vector<std::string> hf_supported_models();
 bool hf_supported(const Model& model);
 // A UserError that starts with `what` and names model.name and the supported ones, unless

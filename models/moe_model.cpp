@@ -66,7 +66,7 @@ void MoETransformer::reset_state() {
 
 void add_moe_to_tp_plan(TpPlan& plan, const MoELayer& m) {
   for (int64_t i : m.param_indices()) {
-    if (i == m.w1_index() || i == m.w3_index())
+    if (i == m.w1_index() || i == m.w3_index() || i == m.b1_index() || i == m.b3_index())
       plan.expert_column.push_back(i);
     else if (i == m.w2_index())
       plan.expert_row.push_back(i);

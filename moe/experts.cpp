@@ -354,6 +354,25 @@ struct LoopExperts : public torch::autograd::Function<LoopExperts> {
   }
 };
 
+// One grouped GEMM y = x w^T per group (NT) with its backward: dx = dy w (NN), dw = dy^T x
+// (TN), the same kernel. The building block of the composed experts with extras.
+struct GroupedLinear : public torch::autograd::Function<GroupedLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& offs, int64_t kernel) {
+    ctx->saved_data["kernel"] = kernel;
+    ctx->save_for_backward({x, w, offs});
+    return grouped_gemm(GemmForm::NT, x, w, offs, static_cast<GroupedKernel>(kernel));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto k = static_cast<GroupedKernel>(ctx->saved_data["kernel"].toInt());
+    auto s = ctx->get_saved_variables();
+    at::Tensor dy = grad_out[0].contiguous();
+    at::Tensor dx = grouped_gemm(GemmForm::NN, dy, s[1], s[2], k);
+    at::Tensor dw = grouped_gemm(GemmForm::TN, dy, s[0], s[2], k);
+    return {dx, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor grouped_swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
@@ -409,6 +428,65 @@ at::Tensor loop_experts(const at::Tensor& x_sorted, const at::Tensor& w1, const 
   std::vector<at::Tensor> saved;
   if (op_tape_replaying()) saved = op_tape_restore(3);
   return LoopExperts::apply(x_sorted, w1, w2, w3, host_counts, at::TensorList(saved))[0];
+}
+
+at::Tensor clamped_swiglu(const at::Tensor& h1, const at::Tensor& h3, double limit, double alpha) {
+  if (limit <= 0) return at::silu(h1) * h3;
+  at::Tensor g = h1.clamp_max(limit);
+  // clamp_min then clamp_max, not clamp: the same values and gradients (both bounds
+  // inclusive), and their backward has meta kernels (clamp's uses logical_and: estimate).
+  return g * at::sigmoid(g * alpha) * (h3.clamp_min(-limit).clamp_max(limit) + 1);
+}
+
+at::Tensor grouped_experts_extras(const at::Tensor& x_padded, const at::Tensor& w1,
+                                  const at::Tensor& w2, const at::Tensor& w3,
+                                  const ExpertsExtras& ex, const at::Tensor& offs,
+                                  ExpertsBackend b) {
+  TORCH_CHECK(b != ExpertsBackend::Loop, "grouped_experts_extras: the loop is no grouped backend");
+  TORCH_CHECK(offs.scalar_type() == at::kInt && offs.size(0) == w1.size(0),
+              "grouped_experts_extras: one int32 offset per expert");
+  const at::ScalarType t = x_padded.is_cuda() ? at::kBFloat16 : x_padded.scalar_type();
+  const int64_t M = x_padded.size(0), E = w1.size(0);
+  const auto k = static_cast<int64_t>(grouped_kernel(b, x_padded.device()));
+  // Each row's group: the first end offset beyond it (M): rows past offs[E-1] (the static
+  // exchange's empty slots) are masked to zero, so no unwritten GEMM row reaches a gradient.
+  at::Tensor rows = at::arange(M, offs.options());
+  at::Tensor gid = at::searchsorted(offs, rows, /*out_int32=*/false, /*right=*/true)
+                       .clamp_max(E - 1);                             // (M) int64
+  at::Tensor valid = rows.lt(offs.narrow(0, E - 1, 1)).unsqueeze(1);  // (M, 1)
+  const at::Tensor x = x_padded.to(t);
+  auto linear = [&](const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias) {
+    at::Tensor y = GroupedLinear::apply(in, w.to(t), offs, k);
+    if (bias.defined()) y = y + bias.to(t).index_select(0, gid);
+    return at::where(valid, y, at::zeros({}, y.options()));
+  };
+  at::Tensor a = clamped_swiglu(linear(x, w1, ex.b1), linear(x, w3, ex.b3), ex.limit, ex.alpha);
+  return linear(a, w2, ex.b2).to(x_padded.scalar_type());  // (M, D)
+}
+
+at::Tensor loop_experts_extras(const at::Tensor& x_sorted, const at::Tensor& w1,
+                               const at::Tensor& w2, const at::Tensor& w3, const ExpertsExtras& ex,
+                               const std::vector<int64_t>& host_counts) {
+  TORCH_CHECK(static_cast<int64_t>(host_counts.size()) == w1.size(0),
+              "loop_experts_extras: one count per expert");
+  int64_t n = 0;
+  for (int64_t c : host_counts) n += c;
+  auto xs = x_sorted.narrow(0, 0, n).split_with_sizes(host_counts);
+  std::vector<at::Tensor> ys;
+  for (size_t e = 0; e < host_counts.size(); ++e) {
+    const int64_t i = static_cast<int64_t>(e);
+    auto linear = [&](const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias) {
+      at::Tensor y = at::matmul(in, w[i].t());
+      return bias.defined() ? y + bias[i] : y;
+    };
+    at::Tensor a =
+        clamped_swiglu(linear(xs[e], w1, ex.b1), linear(xs[e], w3, ex.b3), ex.limit, ex.alpha);
+    ys.push_back(linear(a, w2, ex.b2));  // (n_e, D)
+  }
+  at::Tensor y = at::cat(ys);
+  if (n < x_sorted.size(0))
+    y = at::cat({y, at::zeros({x_sorted.size(0) - n, y.size(1)}, y.options())});
+  return y;
 }
 
 }  // namespace titan

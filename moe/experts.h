@@ -65,6 +65,33 @@ int cuda_compute_capability(at::Device device);
 // loop.
 int64_t experts_alignment(ExpertsBackend b);
 
+// GPT-OSS's additions to the routed experts (torchtitan's GptOssGroupedExperts): per-expert
+// biases b1, b3 (E, hidden) and b2 (E, dim) on the three GEMMs, and its clamped SwiGLU
+//   a = min(h1, limit) * sigmoid(alpha * min(h1, limit)) * (clamp(h3, -limit, limit) + 1)
+// (h1 is torchtitan's x_glu, mlp1's even rows; h3 its x_linear, the odd rows). With no bias
+// and limit 0 the experts are the plain SwiGLU of the functions above.
+struct ExpertsExtras {
+  at::Tensor b1, b2, b3;  // compute forms, or undefined
+  double limit = 0, alpha = 1.702;
+  bool active() const { return b1.defined() || limit > 0; }
+};
+
+// The clamped SwiGLU above, in h1's dtype (limit > 0); limit 0: silu(h1) * h3.
+at::Tensor clamped_swiglu(const at::Tensor& h1, const at::Tensor& h3, double limit, double alpha);
+
+// The experts with `ex` over rows grouped by offs (E) int32 (the aligned layout, as
+// grouped_experts): composed autograd over one grouped GEMM op per product (its backward two
+// grouped GEMMs), the biases gathered per row from the group each row falls in. Rows past
+// offs[E-1] come back zero. Static shapes, no host read.
+at::Tensor grouped_experts_extras(const at::Tensor& x_padded, const at::Tensor& w1,
+                                  const at::Tensor& w2, const at::Tensor& w3,
+                                  const ExpertsExtras& ex, const at::Tensor& offs,
+                                  ExpertsBackend b);
+// The same per expert over rows split by host_counts (the loop backend), plain autograd.
+at::Tensor loop_experts_extras(const at::Tensor& x_sorted, const at::Tensor& w1,
+                               const at::Tensor& w2, const at::Tensor& w3, const ExpertsExtras& ex,
+                               const std::vector<int64_t>& host_counts);
+
 // counts_to_host (core/train/expert_exchange.h) is the loop backend's one host read.
 
 // The grouped experts op: one autograd function, h = silu(x w1^T) * (x w3^T), y = h w2^T per

@@ -40,9 +40,16 @@ MoELayer::MoELayer(const MoEArgs& a, int64_t dim, int64_t hidden, const std::str
   };
   gate_w_ = P("router.gate.weight", {E, dim}, true, init_std);
   if (a.gate_bias) gate_b_ = P("router.gate.bias", {E}, false, 0.0);
-  w1_ = P("experts.w1", {E, hidden, dim}, true, 0.02, ParamKind::Expert);
+  // GPT-OSS's experts draw every tensor, w1 included, from N(0, init_std).
+  w1_ =
+      P("experts.w1", {E, hidden, dim}, true, a.expert_biases ? init_std : 0.02, ParamKind::Expert);
   w2_ = P("experts.w2", {E, dim, hidden}, true, init_std, ParamKind::Expert);
   w3_ = P("experts.w3", {E, hidden, dim}, true, init_std, ParamKind::Expert);
+  if (a.expert_biases) {
+    b1_ = P("experts.w1_bias", {E, hidden}, false, init_std, ParamKind::Expert);
+    b2_ = P("experts.w2_bias", {E, dim}, false, init_std, ParamKind::Expert);
+    b3_ = P("experts.w3_bias", {E, hidden}, false, init_std, ParamKind::Expert);
+  }
   if (a.num_shared_experts > 0) {
     const int64_t hs = hidden * a.num_shared_experts;
     sw1_ = P("shared_experts.w1.weight", {hs, dim}, true, 0.02);
@@ -81,6 +88,17 @@ at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor
   at::Tensor gb = gate_b_ >= 0 ? w[k++] : at::Tensor();
   const at::Tensor &w1 = w[k], &w2 = w[k + 1], &w3 = w[k + 2];
   k += 3;
+  extras_ = ExpertsExtras{};
+  extras_.limit = args_.swiglu_limit;
+  extras_.alpha = args_.swiglu_alpha;
+  if (b1_ >= 0) {
+    extras_.b1 = w[k];
+    extras_.b2 = w[k + 1];
+    extras_.b3 = w[k + 2];
+    k += 3;
+    // Expert tensor parallelism sums the tp ranks' partial outputs: w2's bias counts once.
+    if (etp_ && etp_->rank() != 0) extras_.b2 = extras_.b2 * 0;
+  }
   at::Tensor x = x3.reshape({B * S, D});  // (T, D)
 
   Routing r = route_tokens(x, gw, gb, expert_bias, args_);
@@ -106,6 +124,9 @@ at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor
   at::Tensor out_sorted;
   if (ep_) {
     out_sorted = expert_parallel_experts(routed, top_sorted, w1, w2, w3, d, mode, recompute);
+  } else if (grouped && extras_.active()) {
+    TORCH_CHECK(d.align > 0 && routed.size(0) == d.padded_rows, "the aligned layout");
+    out_sorted = grouped_experts_extras(routed, w1, w2, w3, extras_, d.offs, args_.backend);
   } else if (grouped) {
     out_sorted = grouped_experts(routed, w1, w2, w3, d, args_.backend, args_.float8);
   } else {
@@ -119,7 +140,8 @@ at::Tensor MoELayer::forward(const at::Tensor& xs3, const std::vector<at::Tensor
       host = routed.is_meta() ? balanced_counts(routed.size(0), d.counts.size(0))
                               : counts_to_host(d.counts);
     keep_pending(mode, recompute, Pending{host, {}, {}});
-    out_sorted = loop_experts(routed, w1, w2, w3, host);
+    out_sorted = extras_.active() ? loop_experts_extras(routed, w1, w2, w3, extras_, host)
+                                  : loop_experts(routed, w1, w2, w3, host);
   }
 
   // (T, D): each token's K expert outputs, weighted by their scores unless the scores were
@@ -204,7 +226,9 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
   at::Tensor xa = permute_tokens(got.rows, local);  // (M, D)
   at::Tensor ya;
   if (args_.backend != ExpertsBackend::Loop) {
-    ya = grouped_experts(xa, w1, w2, w3, local.offs.narrow(0, 0, El), args_.backend, args_.float8);
+    const at::Tensor offs = local.offs.narrow(0, 0, El);
+    ya = extras_.active() ? grouped_experts_extras(xa, w1, w2, w3, extras_, offs, args_.backend)
+                          : grouped_experts(xa, w1, w2, w3, offs, args_.backend, args_.float8);
   } else {
     // The loop's host counts: the exact exchange read them already; under the static
     // exchange this is the loop's own sync.
@@ -218,7 +242,9 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
       sizes.push_back((std::max(c, align) + (align - 1)) / align * align);
       rows += sizes.back();
     }
-    at::Tensor head = loop_experts(xa.narrow(0, 0, rows), w1, w2, w3, sizes);
+    at::Tensor head = extras_.active()
+                          ? loop_experts_extras(xa.narrow(0, 0, rows), w1, w2, w3, extras_, sizes)
+                          : loop_experts(xa.narrow(0, 0, rows), w1, w2, w3, sizes);
     ya = at::cat({head, at::zeros({xa.size(0) - rows, xa.size(1)}, head.options())});
   }
   // (R, D) back in arrival order (unpad_groups would leave them sorted by local expert):

@@ -30,6 +30,12 @@ struct MoEArgs : RouterArgs {
   double load_balance_coeff = 1e-3;  // expert-bias update speed; 0: off
   double seq_aux_loss_coeff = 0;     // weight of the sequence-wise balance loss; 0: off
   ExpertsBackend backend = ExpertsBackend::Loop;
+  // GPT-OSS's routed experts (moe/experts.h ExpertsExtras): a bias on each of w1, w3 (E,
+  // hidden) and w2 (E, dim), and the clamped SwiGLU when swiglu_limit > 0. Its init is
+  // torchtitan's GptOssGroupedExperts': every expert tensor N(0, init_std) truncated to [-2, 2].
+  bool expert_biases = false;
+  double swiglu_limit = 0;  // 0: silu(h1) * h3
+  double swiglu_alpha = 1.702;
   // model.converters "quantize.grouped_mm.float8": the kernel of the float8 grouped GEMMs and
   // quantize.grouped_mm.float8.fqns; a layer converts its routed experts when an entry is a
   // substring of its "<prefix>experts" (torchtitan's module filter). Unset: no float8.
@@ -82,6 +88,11 @@ class MoELayer {
   int64_t w1_index() const { return w1_; }
   int64_t w2_index() const { return w2_; }
   int64_t w3_index() const { return w3_; }
+  // The experts' biases (expert_biases), else -1: b1, b3 (E, hidden) split like w1 and w3
+  // under expert tensor parallelism, b2 (E, dim) whole (added on tp rank 0 only).
+  int64_t b1_index() const { return b1_; }
+  int64_t b2_index() const { return b2_; }
+  int64_t b3_index() const { return b3_; }
   int64_t hidden() const { return hidden_; }
   int64_t dim() const { return dim_; }
   const std::string& prefix() const { return prefix_; }
@@ -117,6 +128,9 @@ class MoELayer {
   std::string prefix_;
   std::vector<int64_t> params_;
   int64_t gate_w_ = -1, gate_b_ = -1, w1_ = -1, w2_ = -1, w3_ = -1;
+  int64_t b1_ = -1, b2_ = -1, b3_ = -1;
+  // The biases and activation of this forward's experts (undefined biases: none).
+  ExpertsExtras extras_;
   int64_t sw1_ = -1, sw2_ = -1, sw3_ = -1;
   // The routed experts under expert parallelism: rows out to the ranks holding their
   // experts, this rank's experts, rows home.

@@ -724,7 +724,7 @@ void validate_config(const JobConfig& cfg) {
   if (cfg.checkpoint.last_save_in_hf && cfg.model.name == "llama4")
     throw UserError(
         "checkpoint.last_save_in_hf = true is not supported for model.name = \"llama4\"; "
-        "allowed: llama3, deepseek_v3, qwen3");
+        "allowed: llama3, deepseek_v3, qwen3, gpt_oss");
   if (!(cfg.moe.ep_capacity_factor > 0))
     throw UserError("moe.ep_capacity_factor = " + std::to_string(cfg.moe.ep_capacity_factor) +
                     " is not allowed; allowed: a factor > 0 (e.g. 2, the default), or inf (the "

@@ -116,7 +116,7 @@ void job_options(std::vector<Option>& out) {
 void model_options(std::vector<Option>& out) {
   SectionDefs<ModelSection> s("model", &JobConfig::model, out);
   s.add("name", &ModelSection::name, "llama3", "Model family")
-      .choices({"llama3", "llama4", "deepseek_v3", "qwen3"});
+      .choices({"llama3", "llama4", "deepseek_v3", "qwen3", "gpt_oss"});
   s.add("flavor", &ModelSection::flavor, "debugmodel",
         "Model size within the family (see docs/models.md); llama3 also takes \"hf:DIR\", the "
         "dimensions of a Hugging Face folder's config.json");

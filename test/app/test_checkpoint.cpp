@@ -471,5 +471,5 @@ TEST_CASE("checkpoint: Hugging Face weights for llama4 exit 2 naming the support
   CHECK(r.rc == 2);
   CHECK_THAT(r.out, Contains("checkpoint.initial_load_in_hf / last_save_in_hf: Hugging Face "
                              "weights are supported for model.name = llama3, deepseek_v3, "
-                             "qwen3; found \"llama4\""));
+                             "qwen3, gpt_oss; found \"llama4\""));
 }

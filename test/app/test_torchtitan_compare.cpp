@@ -203,6 +203,14 @@ TEST_CASE(
   compare_with_torchtitan(c);
 }
 
+TEST_CASE("torchtitan compare: gpt_oss debugmodel, 20 steps equal torchtitan 0.2.2's",
+          "[train][torchtitan][gpt_oss][slow]") {
+  // torchtitan's GptOssModel in fp32 (its blocks are built in bf16 there), its flex attention
+  // as a dense softmax over the same mask functions (torchtitan_compare.py): the model, the
+  // MoE load-balancing optimizer, the schedule and the clipping are torchtitan's.
+  compare_with_torchtitan({"gpt_oss", "gpt_oss_debug.toml", "1e-4"});
+}
+
 TEST_CASE("seed checkpoint: needs checkpoint.enable and one process", "[checkpoint]") {
   test::TempDir dir("seed-errors");
   const std::string base = "--config configs/llama3_debug.toml --job.dump_folder " +

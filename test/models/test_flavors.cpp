@@ -1,5 +1,5 @@
-// Every llama3, llama4, deepseek_v3 and qwen3 flavor against torchtitan 0.2.2's own flavor tables
-// (test/reference/torchtitan_flavors.py reads them from the installed torchtitan package).
+// Every llama3, llama4, deepseek_v3, qwen3 and gpt_oss flavor against torchtitan 0.2.2's own flavor
+// tables (test/reference/torchtitan_flavors.py reads them from the installed torchtitan package).
 // Each field must be equal: these are constants, so the tolerance is 0 (doubles compare
 // exactly after a JSON round trip). Known, documented differences are listed below and
 // checked to be exactly those, so a change on either side shows up here.
@@ -11,6 +11,7 @@
 
 #include "core/config/config.h"
 #include "models/deepseek_v3.h"
+#include "models/gpt_oss.h"
 #include "models/llama3.h"
 #include "models/llama4.h"
 #include "models/qwen3.h"
@@ -150,6 +151,29 @@ std::map<std::string, json> titan_flavors() {
               {"attn_mask_type", "causal"}};
     if (a.moe_enabled) j.update(moe(a.moe));
     out["qwen3/" + f] = j;
+  }
+  // gpt_oss's max_seq_len as qwen3's: the flavor's, compared (build_model takes the run's).
+  for (auto& f : gpt_oss_flavor_names()) {
+    GptOssArgs a = gpt_oss_flavor(f);
+    json j = {{"max_seq_len", a.max_seq_len},
+              {"vocab_size", a.vocab_size},
+              {"dim", a.dim},
+              {"moe_inter_dim", a.moe_inter_dim},
+              {"n_layers", a.n_layers},
+              {"head_dim", a.head_dim},
+              {"n_heads", a.n_heads},
+              {"n_kv_heads", a.n_kv_heads},
+              {"sliding_window_size", a.sliding_window_size},
+              {"original_seq_len", a.original_seq_len},
+              {"norm_eps", a.norm_eps},
+              {"swiglu_limit", a.swiglu_limit},
+              {"rope_theta", a.rope_theta},
+              {"rope_factor", a.rope_factor},
+              {"ntk_alpha", a.ntk_alpha},
+              {"ntk_beta", a.ntk_beta}};
+    j.update(moe(a.moe));
+    j.update(attention(a));
+    out["gpt_oss/" + f] = j;
   }
   return out;
 }

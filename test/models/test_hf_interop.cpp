@@ -1071,12 +1071,13 @@ TEST_CASE("hf: model dispatch names the unsupported family and the allowed ones"
   CHECK(hf_supported(ds));
   CHECK(hf_supported(l3));
   CHECK(hf_supported_models() ==
-        std::vector<std::string>{"llama3", "deepseek_v3", "qwen3"});
+        std::vector<std::string>{"llama3", "deepseek_v3", "qwen3", "gpt_oss"});
   test::TempDir tmp("hf-dispatch");
   for (const std::string& msg : {user_error_of([&] { export_model_hf(l4, tmp.file("out"), {}); }),
                                  user_error_of([&] { import_model_hf(l4, tmp.file("out")); })}) {
     INFO(msg);
-    CHECK(msg.find("supported for model.name = llama3, deepseek_v3, qwen3; found \"llama4\"") !=
+    CHECK(msg.find("supported for model.name = llama3, deepseek_v3, qwen3, gpt_oss; found "
+                   "\"llama4\"") !=
           std::string::npos);
   }
   CHECK_FALSE(fs::exists(tmp.file("out")));

@@ -154,6 +154,19 @@ def qwen3_logits(transformers, d, tokens, cls):
     return result
 
 
+def gpt_oss_logits(transformers, d, tokens):
+    model = load_model(transformers, transformers.GptOssForCausalLM, d)
+    out = model(tokens, labels=tokens)
+    result = {"logits": out.logits.float().contiguous(), "loss": out.loss.float().reshape(1)}
+    with torch.enable_grad():
+        model.zero_grad()
+        model(tokens, labels=tokens).loss.backward()
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                result["grad/" + name] = p.grad.float().contiguous()
+    return result
+
+
 def generate(d, prompt_path, n, out):
     try:
         import transformers
@@ -192,9 +205,11 @@ def logits(d, tokens_path, out):
             result = qwen3_logits(transformers, d, tokens, transformers.Qwen3ForCausalLM)
         elif model_type == "qwen3_moe":
             result = qwen3_logits(transformers, d, tokens, transformers.Qwen3MoeForCausalLM)
+        elif model_type == "gpt_oss":
+            result = gpt_oss_logits(transformers, d, tokens)
         else:
             raise SystemExit(f"{d}/config.json: model_type {model_type!r}; "
-                             "allowed: llama, deepseek_v3, qwen3, qwen3_moe")
+                             "allowed: llama, deepseek_v3, qwen3, qwen3_moe, gpt_oss")
     save_file(result, out)
 
 

@@ -3,7 +3,7 @@
 titan-train (test/app/test_torchtitan_compare.cpp): our version of torchtitan's
 `loss_compare.py --assert-equal`.
 
-What runs is torchtitan's: the model (llama3 Transformer, DeepSeekV3Model or Qwen3Model, built from its
+What runs is torchtitan's: the model (llama3 Transformer, DeepSeekV3Model, Qwen3Model or GptOssModel, built from its
 flavor table and `update_from_config`), `build_optimizers` / `build_optimizers_with_moe_load_balancing`
 (torch.optim.AdamW as torchtitan builds it, plus its aux-loss-free expert-bias pre-hook),
 `build_lr_schedulers`, `cross_entropy_loss` and `dist_utils.clip_grad_norm_`. The loop below
@@ -24,7 +24,11 @@ with the dense boolean mask those mask_mods give for every (query, key) pair.
 
 Not numerics, so replaced: training-only imports with empty stand-ins (torchtitan_ref.py's
 _StubFinder), and torch.histc on int64 expert ids, which only CUDA implements, by the same
-histogram on their float copy (ids and counts are exact in fp32).
+histogram on their float copy (ids and counts are exact in fp32). gpt_oss: its blocks, which
+torchtitan casts to bf16, run in fp32 like the rest; flex_attention, which has no CPU
+backward, is replaced by a dense softmax over the same BlockMask mask functions, checked
+against flex_attention's forward (gpt_oss_ref.py patch_flex_for_cpu); the seed checkpoint's
+w1 / w3 (and biases) are interleaved into torchtitan's mlp1 (gpt_oss_ref.py to_torchtitan).
 """
 import argparse
 import json
@@ -67,6 +71,12 @@ def build_model(a, jc):
     elif a.model == "qwen3":
         from torchtitan.models.qwen3 import qwen3_args as flavors
         from torchtitan.models.qwen3.model.model import Qwen3Model as Model
+    elif a.model == "gpt_oss":
+        from gpt_oss_ref import patch_flex_for_cpu
+        from torchtitan.models.gpt_oss import gptoss_configs as flavors
+        from torchtitan.models.gpt_oss.model.model import GptOssModel as Model
+
+        patch_flex_for_cpu()
     else:
         from torchtitan.models.deepseek_v3 import deepseekv3_args as flavors
         from torchtitan.models.deepseek_v3.model.model import DeepSeekV3Model as Model
@@ -80,18 +90,23 @@ def build_model(a, jc):
         ma.moe_args.load_balance_coeff = a.load_balance_coeff if a.load_balance_coeff > 0 else None
     with torch.device("cpu"):
         model = Model(ma)
+    if a.model == "gpt_oss":
+        model = model.float()  # torchtitan builds its blocks in bf16; the comparison is fp32
     with torch.no_grad():  # as torchtitan's Trainer does after to_empty()
         model.init_weights()  # buffers (RoPE tables, expert bias, counters); weights are loaded next
     return model
 
 
-def load_seed(model, path):
+def load_seed(model, path, model_name):
     st = load_file(path)
     sd = {}
     for k, v in st.items():
         for prefix in ("model/", "buffers/"):
             if k.startswith(prefix):
                 sd[k[len(prefix):]] = v
+    if model_name == "gpt_oss":
+        from gpt_oss_ref import to_torchtitan
+        sd = to_torchtitan(sd)
     # titan-train saves its per-step expert counters; torchtitan's are not persistent. A seed
     # holds zeros, as torchtitan's init_weights sets them.
     for k in [k for k in sd if k.endswith("tokens_per_expert")]:
@@ -102,6 +117,7 @@ def load_seed(model, path):
     # flavors), which is the embedding.
     tied = getattr(model, "enable_weight_tying", False)
     bad = [k for k in missing if not (k.endswith("tokens_per_expert") or "freqs_cis" in k
+                                      or k.endswith("rope_cache")
                                       or (tied and k == "output.weight"))]
     assert not bad, f"torchtitan tensors the seed checkpoint lacks: {bad}"
     return len(sd)
@@ -167,7 +183,8 @@ def init_single_process_group():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["llama3", "deepseek_v3", "qwen3"], required=True)
+    ap.add_argument("--model", choices=["llama3", "deepseek_v3", "qwen3", "gpt_oss"],
+                    required=True)
     ap.add_argument("--flavor", default="debugmodel")
     ap.add_argument("--weights", required=True, help="seed checkpoint rank-00000.safetensors")
     ap.add_argument("--batches", required=True, help="data-preview --tokens all output")
@@ -203,21 +220,23 @@ def main():
 
     jc = job_config(a)
     model = build_model(a, jc)
-    masked = getattr(model.model_args, "attn_type", "sdpa") != "sdpa"
+    # Block-causal flavors of the families whose masks come from the EOS (gpt_oss builds its
+    # own causal / sliding-window masks, below).
+    masked = a.model != "gpt_oss" and getattr(model.model_args, "attn_type", "sdpa") != "sdpa"
     if masked:
         assert a.eos_id >= 0, f"{a.flavor} builds masks from the EOS: pass --eos_id"
         install_dense_flex_stand_in()
 
     class Tokenizer:  # what get_attention_masks reads of torchtitan's tokenizer
         eos_id = a.eos_id
-    n = load_seed(model, a.weights)
+    n = load_seed(model, a.weights, a.model)
     model.train()
     pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     # The builders torchtitan's train specs name: build_optimizers for llama3 and qwen3 (whose
     # MoE flavors therefore never move their expert bias), the MoE variant (the same optimizer
-    # plus the expert-bias pre-hook) for deepseek_v3.
-    build = (build_optimizers_with_moe_load_balancing if a.model == "deepseek_v3" else
-             build_optimizers)
+    # plus the expert-bias pre-hook) for deepseek_v3 and gpt_oss.
+    build = (build_optimizers_with_moe_load_balancing if a.model in ("deepseek_v3", "gpt_oss")
+             else build_optimizers)
     optimizers = build([model], jc.optimizer, pd)
     schedulers = build_lr_schedulers(optimizers, jc.lr_scheduler, jc.training.steps)
     batches = read_batches(a.batches, a.steps, a.local_batch_size, a.seq_len)
@@ -227,10 +246,13 @@ def main():
         optimizers.zero_grad()
         lr = schedulers.schedulers[0].get_last_lr()[0]
         valid = (labels != IGNORE_INDEX).sum().float()
-        # As torchtitan's Trainer.post_dataloading_process: masks from the inputs' EOS.
-        extra = ({"attention_masks": model.get_attention_masks(inputs, Tokenizer())}
-                 if masked else {})
-        pred = model(inputs, **extra)
+        if a.model == "gpt_oss":  # its forward takes the flex masks (causal / sliding window)
+            pred = model(inputs, model.get_attention_masks(inputs, None))
+        else:
+            # As torchtitan's Trainer.post_dataloading_process: masks from the inputs' EOS.
+            extra = ({"attention_masks": model.get_attention_masks(inputs, Tokenizer())}
+                     if masked else {})
+            pred = model(inputs, **extra)
         loss = cross_entropy_loss(pred, labels) / valid
         del pred
         loss.backward()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Prints torchtitan 0.2.2's model flavors (llama3, llama4, deepseek_v3, qwen3) as JSON, in the
+"""Prints torchtitan 0.2.2's model flavors (llama3, llama4, deepseek_v3, qwen3,
+gpt_oss) as JSON, in the
 field names of titan-train's Args structs, for test/models/test_flavors.cpp.
 
 torchtitan's own flavor tables are read from the installed package (the test venv pins
@@ -20,6 +21,7 @@ sys.meta_path.insert(0, _StubFinder())
 from importlib.metadata import version  # noqa: E402
 
 from torchtitan.models.deepseek_v3 import deepseekv3_args  # noqa: E402
+from torchtitan.models.gpt_oss import gptoss_configs  # noqa: E402
 from torchtitan.models.llama3 import llama3_args  # noqa: E402
 from torchtitan.models.llama4 import llama4_args  # noqa: E402
 from torchtitan.models.qwen3 import qwen3_args  # noqa: E402
@@ -111,11 +113,23 @@ def qwen3(a):
     return out
 
 
+def gpt_oss(a):
+    # dtype and max_batch_size are run settings there (titan-train's training.*), not shapes.
+    fields = ("max_seq_len", "vocab_size", "dim", "moe_inter_dim", "n_layers", "head_dim",
+              "n_heads", "n_kv_heads", "sliding_window_size", "original_seq_len")
+    out = {f: getattr(a, f) for f in fields}
+    for f in ("norm_eps", "swiglu_limit", "rope_theta", "rope_factor", "ntk_alpha", "ntk_beta"):
+        out[f] = float(getattr(a, f))
+    out.update(moe(a.moe_args))
+    return out
+
+
 def main():
     flavors = {}
     for family, table, fn in (("llama3", llama3_args, llama3), ("llama4", llama4_args, llama4),
                               ("deepseek_v3", deepseekv3_args, deepseek_v3),
-                              ("qwen3", qwen3_args, qwen3)):
+                              ("qwen3", qwen3_args, qwen3),
+                              ("gpt_oss", gptoss_configs, gpt_oss)):
         for name, a in table.items():
             flavors[f"{family}/{name}"] = {**fn(a), **attention(a)}
     json.dump({"torchtitan": version("torchtitan"), "flavors": flavors}, sys.stdout, indent=1)
