@@ -50,6 +50,7 @@ NOT_HOT = {
     "models/hf_llama3.cpp": "Hugging Face import and export",
     "models/hf_deepseek_v3.cpp": "Hugging Face import and export",
     "models/hf_qwen3.cpp": "Hugging Face import and export",
+    "models/hf_gpt_oss.cpp": "Hugging Face import and export",
     "models/generation.cpp": "text generation (titan-train generate), not a training step",
     "models/generation.h": "text generation (titan-train generate), not a training step",
     "models/kv_cache.cpp": "text generation (titan-train generate), not a training step",
