@@ -9,7 +9,8 @@
 # the share of causal attention's (query, key) pairs the mask skips on those very windows
 # (from `data-preview --tokens all`: sum over windows of sum over documents L(L+1)/2, against
 # T(T+1)/2 per window; a token after an EOS starts a document).
-# Usage: scripts/bench_attention.sh [STEPS]   (default 4; TITAN_SKIP_BUILD=1: no build first)
+# Usage: scripts/bench_attention.sh [STEPS]   (default 4; TITAN_SKIP_BUILD=1: no build first;
+# BENCH_ROWS="config:seq ...": other rows)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${TITAN_BUILD_DIR:-$root/build}"
@@ -71,8 +72,9 @@ PY
 }
 
 printf '%-22s %5s %5s %12s %12s %8s %15s %9s\n' model seq batch causal_tok/s block_tok/s ratio pairs_skipped mean_doc
-for row in llama3_debug.toml:2048 qwen3_debug.toml:2048 qwen3_debug.toml:8192 \
-  deepseek_v3_debug.toml:2048 deepseek_v3_debug.toml:8192; do
+rows=${BENCH_ROWS:-"llama3_debug.toml:2048 qwen3_debug.toml:2048 qwen3_debug.toml:8192
+  deepseek_v3_debug.toml:2048 deepseek_v3_debug.toml:8192"}
+for row in $rows; do
   config=${row%:*} seq=${row#*:}
   {
     batch=$([ "$seq" = 2048 ] && echo "${BATCH_2048:-2}" || echo "${BATCH_8192:-1}")
