@@ -160,8 +160,8 @@ TEST_CASE("muon: the CPU capture check passes with Muon", "[muon][app][compile]"
 }
 
 TEST_CASE(
-    "muon: DDP 2, FSDP 2, TP 2, PP 2 and FSDP 2 x TP 2 equal 1 rank over 4 steps, the owner plan "
-    "halves the work",
+    "muon: DDP 2, FSDP 2, TP 2, PP 2, CP 2 and FSDP 2 x TP 2 equal 1 rank over 4 steps, the owner "
+    "plan halves the work",
     "[muon][app][dist]") {
   const std::string common = "--training.steps 4 ";
   test::TempDir one("muon-one");
@@ -186,6 +186,9 @@ TEST_CASE(
       // The owner plan over two levels: each matrix's FSDP rows of its tp slice go to one
       // shard rank, whose tp group sends the slices to one tp rank (4 ranks).
       {"fsdp2_tp2", "--training.local_batch_size 2 --parallelism.tensor_parallel_degree 2"},
+      // Context parallelism: the cp ranks shard the parameters with FSDP (as torchtitan's
+      // dp_shard_cp mesh), so the owner plan splits the matrices over them too.
+      {"cp2", "--training.local_batch_size 4 --parallelism.context_parallel_degree 2"},
   };
   // The owner plan (docs/training.md): the debugmodel's 42 block matrices (6 layers x wq, wk,
   // wv, wo, w1, w2, w3), all of one shape class, so an even cost split is an even count.
