@@ -143,10 +143,6 @@ int run_generate_command(int argc, char** argv) {
                     std::to_string(tok->vocab_size()) + " tokens; allowed: at most the model's " +
                     std::to_string(model->info().vocab_size) + " (model.flavor)");
   a.gen.vocab_limit = tok->vocab_size();  // rows past the tokenizer's ids are never sampled
-  if (a.cfg.model.name == "gpt_oss" && a.gen.use_cache)
-    throw UserError(
-        "generate with a KV cache and model.name = \"gpt_oss\": its sink and sliding-window "
-        "attention has no cached form yet; allowed with gpt_oss: --no-kv-cache");
 
   // The prompt as training saw documents: BOS first when the tokenizer has one.
   std::vector<int64_t> prompt;

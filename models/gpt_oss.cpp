@@ -88,28 +88,32 @@ RopeTables gpt_oss_rope_tables(const GptOssArgs& a, at::Device device) {
 
 at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& sinks, double scale, int64_t window,
-                          const Documents* docs) {
+                          const Documents* docs, int64_t q_first) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2), D = v.size(3);
-  TORCH_CHECK(H % Hkv == 0 && sinks.numel() == H && k.size(1) == T, "sink_attention: q ", q.sizes(),
-              ", k ", k.sizes(), ", sinks ", sinks.sizes());
+  const int64_t Tk = k.size(1);  // q_first + T: the keys of a KV cache hold earlier positions
+  TORCH_CHECK(H % Hkv == 0 && sinks.numel() == H && Tk == q_first + T &&
+                  (docs == nullptr || q_first == 0),
+              "sink_attention: q ", q.sizes(), ", k ", k.sizes(), ", sinks ", sinks.sizes(),
+              ", first query at ", q_first);
   const at::Tensor qf = q.to(at::kFloat).transpose(1, 2);  // (B, H, T, D)
   // Query head h reads kv head h / (H / Hkv), as torchtitan's enable_gqa.
   const at::Tensor kf = k.to(at::kFloat).transpose(1, 2).repeat_interleave(H / Hkv, 1);
   const at::Tensor vf = v.to(at::kFloat).transpose(1, 2).repeat_interleave(H / Hkv, 1);
-  at::Tensor s = at::matmul(qf, kf.transpose(2, 3)) * scale;  // (B, H, T, T)
-  const at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kLong).device(q.device()));
-  const at::Tensor diff = pos.view({T, 1}) - pos.view({1, T});  // query - key
+  at::Tensor s = at::matmul(qf, kf.transpose(2, 3)) * scale;  // (B, H, T, Tk)
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor qpos = at::arange(q_first, q_first + T, opts);
+  const at::Tensor diff = qpos.view({T, 1}) - at::arange(Tk, opts).view({1, Tk});  // q - key
   at::Tensor allowed = diff.ge(0);
   // Bitwise ops on bool masks: logical_and has no meta kernel (titan-train estimate).
   if (window > 0) allowed = allowed.bitwise_and(diff.lt(window));
-  allowed = allowed.view({1, 1, T, T});
+  allowed = allowed.view({1, 1, T, Tk});
   if (docs != nullptr && docs->block_causal) {
     const at::Tensor& id = docs->doc_ids;  // (B, T)
     allowed = allowed.bitwise_and(id.view({B, 1, T, 1}).eq(id.view({B, 1, 1, T})));
   }
   s = s.masked_fill(allowed.bitwise_not(), -std::numeric_limits<double>::infinity());
   const at::Tensor sink = sinks.to(at::kFloat).view({1, H, 1, 1}).expand({B, H, T, 1});
-  const at::Tensor p = at::softmax(at::cat({s, sink}, 3), 3).narrow(3, 0, T);
+  const at::Tensor p = at::softmax(at::cat({s, sink}, 3), 3).narrow(3, 0, Tk);
   const at::Tensor o = at::matmul(p, vf);  // (B, H, T, D)
   return o.transpose(1, 2).reshape({B, T, H * D}).to(q.scalar_type());
 }
@@ -180,20 +184,22 @@ GptOss::GptOss(const GptOssArgs& a, at::Device device) : args_(a) {
 // projections, their biases and the sinks hold this rank's whole heads.
 at::Tensor GptOss::attention(int64_t layer, const at::Tensor& h,
                              const std::vector<at::Tensor>& w) const {
-  if (KvCache::active() != nullptr)
-    throw UserError(
-        "titan-train generate with a KV cache and model.name = \"gpt_oss\": its sink and "
-        "sliding-window attention has no cached form yet; allowed with gpt_oss: --no-kv-cache");
   std::vector<at::Tensor> qkv = seq_gather_project(h, {w[kWq], w[kWk], w[kWv]});
   const int64_t B = qkv[0].size(0), T = qkv[0].size(1), hd = args_.head_dim;
   at::Tensor q = (qkv[0] + w[kBq]).view({B, T, -1, hd});  // (B, T, H[/tp], hd)
   at::Tensor k = (qkv[1] + w[kBk]).view({B, T, -1, hd});  // (B, T, Hkv[/tp], hd)
   at::Tensor v = (qkv[2] + w[kBv]).view({B, T, -1, hd});
-  const RopeTables rope = rope_rows(rope_, nullptr, T);
+  const RopeTables rope = rope_rows(rope_, nullptr, T);  // a KV cache's positions, if any
   q = apply_rope_half(q, rope);
   k = apply_rope_half(k, rope);
-  return sink_attention(q, k, v, w[kSinks], 1.0 / std::sqrt(static_cast<double>(hd)),
-                        sliding(layer) ? args_.sliding_window_size : 0, current_documents());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const int64_t window = sliding(layer) ? args_.sliding_window_size : 0;
+  // Generation: the new tokens' queries against every cached key (models/kv_cache.h).
+  if (KvCache* cache = KvCache::active()) {
+    const KvCache::Cached c = cache->append(k, v);
+    return sink_attention(q, c.k, c.v, w[kSinks], scale, window, nullptr, c.first);
+  }
+  return sink_attention(q, k, v, w[kSinks], scale, window, current_documents());
 }
 
 at::Tensor GptOss::block(int64_t layer, const at::Tensor& x, const std::vector<at::Tensor>& w) {

@@ -55,10 +55,11 @@ RopeTables gpt_oss_rope_tables(const GptOssArgs& a, at::Device device);
 // column dropped before the values. q (B, T, H, D), k and v (B, T, Hkv, D), sinks (H) ->
 // (B, T, H * D). window > 0: a query attends only keys i - j < window; docs (block-causal):
 // only keys of its document. One masked softmax in fp32 over (B, H, T, T + 1): static shapes,
-// no host read (the CPU path, and for now the CUDA one).
+// no host read (the CPU path, and for now the CUDA one). q_first > 0 (generation with a KV
+// cache, no docs): the queries sit at positions q_first.., and k, v hold q_first + T positions.
 at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& sinks, double scale, int64_t window,
-                          const Documents* docs);
+                          const Documents* docs, int64_t q_first = 0);
 
 class GptOss : public MoETransformer {
  public:

@@ -41,10 +41,9 @@ RopeTables KvCache::rope_rows(const RopeTables& rope, int64_t local) const {
   return {rope.cos.narrow(0, pos_, local), rope.sin.narrow(0, pos_, local)};
 }
 
-at::Tensor KvCache::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double scale) {
-  TORCH_CHECK(open_ && q.size(1) == new_, "KvCache::attend outside a forward of ", new_, " tokens");
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+KvCache::Cached KvCache::append(const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(open_ && k.size(1) == new_, "KvCache::append outside a forward of ", new_, " tokens");
+  const int64_t B = k.size(0), T = k.size(1), Hkv = k.size(2);
   if (layer_ == k_.size()) {  // the first forward meets this layer: its buffers
     k_.push_back(at::zeros({batch_, max_len_, Hkv, k.size(3)}, k.options()));
     v_.push_back(at::zeros({batch_, max_len_, Hkv, v.size(3)}, v.options()));
@@ -55,11 +54,19 @@ at::Tensor KvCache::attend(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(B == batch_ && kc.size(2) == Hkv, "KvCache: layer shapes changed between forwards");
   kc.narrow(1, pos_, T).copy_(k);
   vc.narrow(1, pos_, T).copy_(v);
+  return {kc.narrow(1, 0, pos_ + T), vc.narrow(1, 0, pos_ + T), pos_};
+}
+
+at::Tensor KvCache::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale) {
+  TORCH_CHECK(open_ && q.size(1) == new_, "KvCache::attend outside a forward of ", new_, " tokens");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  const Cached c = append(k, v);
   const int64_t keys = pos_ + T;
   // (B, heads, len, D) views of the queries and of every cached position so far.
   const at::Tensor qt = q.transpose(1, 2);
-  const at::Tensor kt = kc.narrow(1, 0, keys).transpose(1, 2);
-  const at::Tensor vt = vc.narrow(1, 0, keys).transpose(1, 2);
+  const at::Tensor kt = c.k.transpose(1, 2);
+  const at::Tensor vt = c.v.transpose(1, 2);
   // Query i sits at position pos + i and sees keys 0..pos + i: one token (decoding) sees all
   // of them, and a first forward is plainly causal; otherwise an explicit mask.
   at::Tensor o;

@@ -30,6 +30,14 @@ class KvCache {
   // v (B, T, Hkv, Dv) of the new tokens -> (B, T, H * Dv), each query attending the cached
   // keys and the new ones up to its own position.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+  // For attention of a family's own (GPT-OSS's sinks and sliding windows): stores the next
+  // layer's new k, v (B, T, Hkv, D) and returns every cached position's keys and values so
+  // far, (B, pos() + T, Hkv, D), with `first` = pos(), the position of the first new query.
+  struct Cached {
+    at::Tensor k, v;
+    int64_t first = 0;
+  };
+  Cached append(const at::Tensor& k, const at::Tensor& v);
 
   // The cache of the innermost live KvCacheScope on this thread, or nullptr.
   static KvCache* active();

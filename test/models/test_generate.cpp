@@ -17,6 +17,7 @@
 #include "models/generation.h"
 #include "models/hf_interop.h"
 #include "models/llama3.h"
+#include "models/gpt_oss.h"
 #include "models/llama4.h"
 #include "models/qwen3.h"
 #include "test_util.h"
@@ -75,6 +76,22 @@ std::vector<std::pair<std::string, std::function<std::unique_ptr<Model>()>>> fam
       {"qwen3", [] { return std::make_unique<Qwen3>(tiny_qwen3(false), at::kCPU); }},
       {"qwen3-tied", [] { return std::make_unique<Qwen3>(tiny_qwen3(false, true), at::kCPU); }},
       {"qwen3-moe", [] { return std::make_unique<Qwen3>(tiny_qwen3(true), at::kCPU); }},
+      // A window of 4 keys on the even layer: the 19 positions run past it, so the cached
+      // form must slide it too; the sinks' column in every softmax.
+      {"gpt_oss",
+       [] {
+         GptOssArgs a = gpt_oss_flavor("debugmodel");
+         a.dim = 64;
+         a.n_layers = 2;
+         a.n_heads = 4;
+         a.n_kv_heads = 2;
+         a.head_dim = 16;
+         a.vocab_size = 256;
+         a.moe_inter_dim = 32;
+         a.sliding_window_size = 4;
+         a.max_seq_len = 64;
+         return std::make_unique<GptOss>(a, at::kCPU);
+       }},
   };
 }
 
