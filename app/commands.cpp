@@ -88,7 +88,8 @@ int run_convert_hf(int argc, char** argv) {
       "file of titan-train parameter names"};
   std::string model = "llama3", flavor, from_hf, to_st, from_st, to_hf, dtype = "float32";
   int64_t seq_len = 2048;
-  app.add_option("--model", model, "model family: llama3, deepseek_v3, qwen3 or gpt_oss (default llama3)")
+  app.add_option("--model", model,
+                 "model family: llama3, deepseek_v3, qwen3 or gpt_oss (default llama3)")
       ->check(CLI::IsMember(hf_supported_models()));
   app.add_option("--flavor", flavor,
                  "model flavor (shapes); hf: the --from-hf folder's config.json (llama3)")
@@ -125,14 +126,16 @@ int run_convert_hf(int argc, char** argv) {
   // model, not only the built-in flavors); printed, with the built-in flavor they match.
   if (flavor == "hf") {
     if (model != "llama3" || from_hf.empty())
-      throw UserError("convert-hf --flavor hf: reads the --from-hf folder's config.json, for "
-                      "--model llama3; allowed: --model llama3 --from-hf DIR, or a flavor name");
+      throw UserError(
+          "convert-hf --flavor hf: reads the --from-hf folder's config.json, for "
+          "--model llama3; allowed: --model llama3 --from-hf DIR, or a flavor name");
     flavor = "hf:" + from_hf;
     const Llama3Args a = llama3_flavor(flavor);
     const std::string match = llama3_matching_flavor(a);
     log_info("convert-hf: " + from_hf + "/config.json: " + describe_llama3_args(a) + " (" +
              (match.empty() ? "a custom flavor; train it with --model.flavor " + flavor
-                            : "the built-in flavor " + match) + ")");
+                            : "the built-in flavor " + match) +
+             ")");
   }
   std::unique_ptr<Model> m = convert_model(model, flavor, seq_len);
   if (!from_hf.empty()) {
@@ -160,8 +163,9 @@ int run_subcommand(int argc, char** argv) {
   if (name == "data-preview") return run_data_preview(argc, argv);
   if (name == "estimate") return run_estimate_command(argc, argv);
   if (name == "generate") return run_generate_command(argc, argv);
-  throw UserError("unknown subcommand '" + name +
-                  "'; allowed: tokenize, convert-hf, data-preview, estimate, generate (see --help)");
+  throw UserError(
+      "unknown subcommand '" + name +
+      "'; allowed: tokenize, convert-hf, data-preview, estimate, generate (see --help)");
 }
 
 int run_train_command(const JobConfig& cfg, const LaunchEnv& launch) {

@@ -91,10 +91,10 @@ at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const Documents* docs, int64_t q_first) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2), D = v.size(3);
   const int64_t Tk = k.size(1);  // q_first + T: the keys of a KV cache hold earlier positions
-  TORCH_CHECK(H % Hkv == 0 && sinks.numel() == H && Tk == q_first + T &&
-                  (docs == nullptr || q_first == 0),
-              "sink_attention: q ", q.sizes(), ", k ", k.sizes(), ", sinks ", sinks.sizes(),
-              ", first query at ", q_first);
+  TORCH_CHECK(
+      H % Hkv == 0 && sinks.numel() == H && Tk == q_first + T && (docs == nullptr || q_first == 0),
+      "sink_attention: q ", q.sizes(), ", k ", k.sizes(), ", sinks ", sinks.sizes(),
+      ", first query at ", q_first);
   const at::Tensor qf = q.to(at::kFloat).transpose(1, 2);  // (B, H, T, D)
   // Query head h reads kv head h / (H / Hkv), as torchtitan's enable_gqa.
   const at::Tensor kf = k.to(at::kFloat).transpose(1, 2).repeat_interleave(H / Hkv, 1);

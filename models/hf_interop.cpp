@@ -131,7 +131,6 @@ bool ignorable_hf_tensor(const std::string& name) {
   return ends_with(name, "rotary_emb.inv_freq");
 }
 
-
 std::string shard_name(size_t k, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", k, n);
@@ -185,7 +184,6 @@ std::vector<at::Tensor> match_tensors(const NamedTensors& tensors,
   for (const HfImportTarget* t : match_targets(targets, map)) out.push_back(t->dst);
   return out;
 }
-
 
 }  // namespace
 
@@ -624,7 +622,6 @@ HfImportStats import_hf(ParamStore& params, const std::vector<HfTensorMap>& map,
                         const std::string& dir) {
   return import_hf(hf_targets(params), map, dir);
 }
-
 
 // ---- Any model ----------------------------------------------------------------------------------
 

@@ -188,7 +188,8 @@ void export_deepseek_v3_hf(const DeepSeekV3& model, const std::string& dir,
 // (model.layers.<n_layers and up>.*, in DeepSeek-V3's release) are skipped.
 HfImportStats import_deepseek_v3_hf(DeepSeekV3& model, const std::string& dir);
 
-// ---- Qwen3 ---------------------------------------------------------------------------------------
+// ---- Qwen3
+// ---------------------------------------------------------------------------------------
 
 // torchtitan's qwen3 names <-> transformers' Qwen3ForCausalLM (dense) and Qwen3MoeForCausalLM
 // (MoE flavors) names; no permutation (both rotate halves), experts split one tensor per

@@ -78,8 +78,9 @@ GroupedSupport grouped_support(int cc, const ExpertsGemmShape& shape, bool cutla
                 "mixed_precision_param = \"bfloat16\" gives bf16)";
   // at::_grouped_mm is sync-free (its CUTLASS 3.x kernel) on 9.x and 10.x only.
   if (!(cc >= 90 && cc < 110))
-    s.no_grouped_mm = "at::_grouped_mm is sync-free only on a CUDA device of compute "
-                      "capability 9.0 to 10.x";
+    s.no_grouped_mm =
+        "at::_grouped_mm is sync-free only on a CUDA device of compute "
+        "capability 9.0 to 10.x";
   else
     s.no_grouped_mm = shape_why;
   if (!cutlass_built)
@@ -110,7 +111,7 @@ ExpertsChoice auto_backend(const GroupedSupport& s, int cc, bool cutlass_built) 
     // The reason of the kernel this device has (the shapes or the dtype).
     c.reason = "auto: " +
                (device_could(cc, cutlass_built, ExpertsBackend::GroupedMM) ? s.no_grouped_mm
-                                                                            : s.no_cutlass) +
+                                                                           : s.no_cutlass) +
                "; the loop syncs once per layer and forward";
     c.fell_back = true;
   } else if (cc >= 80) {
@@ -140,13 +141,16 @@ ExpertsChoice choose_experts_backend(const std::string& requested, int cc, bool 
     ExpertsChoice c;
     c.fell_back = true;
     if (requested != "grouped_mm" && s.grouped_mm)
-      c = {ExpertsBackend::GroupedMM, "asked for " + requested + ", but " + why + "; grouped_mm can", true};
+      c = {ExpertsBackend::GroupedMM,
+           "asked for " + requested + ", but " + why + "; grouped_mm can", true};
     else if (requested != "cutlass" && s.cutlass)
-      c = {ExpertsBackend::Cutlass, "asked for " + requested + ", but " + why + "; cutlass can", true};
-    else
-      c = {ExpertsBackend::Loop,
-           "asked for " + requested + ", but " + why + "; the loop syncs once per layer and forward",
+      c = {ExpertsBackend::Cutlass, "asked for " + requested + ", but " + why + "; cutlass can",
            true};
+    else
+      c = {
+          ExpertsBackend::Loop,
+          "asked for " + requested + ", but " + why + "; the loop syncs once per layer and forward",
+          true};
     return c;
   };
   if (requested == "grouped_mm") {
@@ -175,13 +179,11 @@ ExpertsBackend select_experts_backend(const std::string& requested, at::Device d
   ExpertsChoice c =
       choose_experts_backend(requested, cc, static_step, shape, cutlass_grouped_gemm_built());
   const std::string where =
-      device.is_cuda() ? "CUDA device " + std::to_string(device.index()) +
-                             " (compute capability " + std::to_string(cc / 10) + "." +
-                             std::to_string(cc % 10) + ")"
+      device.is_cuda() ? "CUDA device " + std::to_string(device.index()) + " (compute capability " +
+                             std::to_string(cc / 10) + "." + std::to_string(cc % 10) + ")"
                        : "the CPU";
   const std::string line = std::string("=> MoE experts backend = ") +
-                           experts_backend_name(c.backend) + " on " + where + " (" + c.reason +
-                           ")";
+                           experts_backend_name(c.backend) + " on " + where + " (" + c.reason + ")";
   if (c.fell_back)
     log_warn(line);
   else

@@ -56,8 +56,7 @@ ExpertsChoice choose_experts_backend(const std::string& requested, int cc, bool 
                                      const ExpertsGemmShape& shape, bool cutlass_built);
 // The same for `device`, logged (a warning when it fell back).
 ExpertsBackend select_experts_backend(const std::string& requested, at::Device device,
-                                      bool static_step = false,
-                                      const ExpertsGemmShape& shape = {});
+                                      bool static_step = false, const ExpertsGemmShape& shape = {});
 // Compute capability major*10+minor of a CUDA device; 0 when CUDA is unavailable.
 int cuda_compute_capability(at::Device device);
 

@@ -233,9 +233,8 @@ at::Tensor MoELayer::local_experts(const ExpertExchange::Received& got, const at
     // The loop's host counts: the exact exchange read them already; under the static
     // exchange this is the loop's own sync.
     if (host_counts.empty())
-      host_counts = got.host_local_counts.empty()
-                        ? counts_to_host(local.counts.narrow(0, 0, El))
-                        : got.host_local_counts;
+      host_counts = got.host_local_counts.empty() ? counts_to_host(local.counts.narrow(0, 0, El))
+                                                  : got.host_local_counts;
     std::vector<int64_t> sizes;  // the aligned groups' rows
     int64_t rows = 0;
     for (int64_t c : host_counts) {

@@ -314,8 +314,8 @@ std::string FullyShardedDataParallel::describe() const {
      << c10::toString(opts_.param_dtype) << ", reduce-scatter in "
      << c10::toString(opts_.reduce_dtype);
   if (opts_.max_inflight_reductions > 0)
-    os << ", reduce-scatters waited for before the norm (at most "
-       << opts_.max_inflight_reductions << " in flight)";
+    os << ", reduce-scatters waited for before the norm (at most " << opts_.max_inflight_reductions
+       << " in flight)";
   else
     os << ", reduce-scatters waited for at once";
   if (mesh_.replicate > 1)
@@ -508,8 +508,7 @@ void FullyShardedDataParallel::after_optimizer_step() {
   if (opts_.float8_precompute && !f8_order_.empty()) precompute_float8_scales();
 }
 
-void FullyShardedDataParallel::start_reduce_scatter(Unit& u,
-                                                    const std::vector<at::Tensor>& grads) {
+void FullyShardedDataParallel::start_reduce_scatter(Unit& u, const std::vector<at::Tensor>& grads) {
   at::NoGradGuard ng;
   const int64_t n = u.group->size();
   auto& params = model_.params().all();

@@ -103,7 +103,8 @@ std::string allowed_text(const Option& opt) {
     os << "value >= " << num(*opt.min);
   }
   const bool floats = opt.type == OptType::Float || opt.type == OptType::FloatList;
-  if (floats && !infinity_allowed(opt) && !(opt.max && std::isfinite(*opt.max))) os << (os.tellp() > 0 ? ", finite" : "finite");
+  if (floats && !infinity_allowed(opt) && !(opt.max && std::isfinite(*opt.max)))
+    os << (os.tellp() > 0 ? ", finite" : "finite");
   std::string r = os.str();
   if (opt.type == OptType::FloatList) return "a list of floats" + (r.empty() ? "" : ", each " + r);
   if (opt.type == OptType::StringList) return "a list of strings";
@@ -195,10 +196,9 @@ void validate_batch_tokens(const char* section, int64_t batch, const char* batch
                            int64_t seq_len, int64_t max_tokens) {
   if (batch <= 0 || seq_len <= 0 || batch <= max_tokens / seq_len) return;
   throw UserError(std::string(section) + "." + batch_key + " = " + std::to_string(batch) +
-                  " with " + section + ".seq_len = " + std::to_string(seq_len) +
-                  " is more than " + std::to_string(max_tokens) +
-                  " tokens, which no device can hold; allowed: " + batch_key + " x seq_len <= " +
-                  std::to_string(max_tokens));
+                  " with " + section + ".seq_len = " + std::to_string(seq_len) + " is more than " +
+                  std::to_string(max_tokens) + " tokens, which no device can hold; allowed: " +
+                  batch_key + " x seq_len <= " + std::to_string(max_tokens));
 }
 
 // Keys that would be silently ignored: checkpoint.enable = false turns off saving and
@@ -212,13 +212,15 @@ void validate_checkpoint_keys(const CheckpointSection& c) {
                     "checkpoint.enable = true, or load_step = -1 (to start from a checkpoint "
                     "without saving, use checkpoint.initial_load_path)");
   if (!c.enable && c.last_save_in_hf)
-    throw UserError("checkpoint.last_save_in_hf = true has no effect: checkpoint.enable = false "
-                    "turns the final save off; allowed: checkpoint.enable = true, or "
-                    "last_save_in_hf = false");
+    throw UserError(
+        "checkpoint.last_save_in_hf = true has no effect: checkpoint.enable = false "
+        "turns the final save off; allowed: checkpoint.enable = true, or "
+        "last_save_in_hf = false");
   if (c.initial_load_in_hf && c.initial_load_path.empty())
-    throw UserError("checkpoint.initial_load_in_hf = true has no effect: "
-                    "checkpoint.initial_load_path is empty; allowed: a Hugging Face folder in "
-                    "initial_load_path, or initial_load_in_hf = false");
+    throw UserError(
+        "checkpoint.initial_load_in_hf = true has no effect: "
+        "checkpoint.initial_load_path is empty; allowed: a Hugging Face folder in "
+        "initial_load_path, or initial_load_in_hf = false");
 }
 
 // moe.ep_capacity_factor sizes the static exchange's buffers only (docs/moe.md): with the exact
@@ -526,14 +528,14 @@ static void validate_tensor_parallel(const JobConfig& cfg) {
     int64_t len;
     bool used;
   };
-  for (const SeqLen& s : {SeqLen{"training.seq_len", cfg.training.seq_len, true},
-                          SeqLen{"validation.seq_len", cfg.validation.seq_len,
-                                 cfg.validation.enable}})
+  for (const SeqLen& s :
+       {SeqLen{"training.seq_len", cfg.training.seq_len, true},
+        SeqLen{"validation.seq_len", cfg.validation.seq_len, cfg.validation.enable}})
     if (tp > 1 && s.used && s.len % tp != 0)
-      throw UserError(std::string(s.key) + " = " + std::to_string(s.len) +
-                      " does not split over parallelism.tensor_parallel_degree = " +
-                      std::to_string(tp) + " (sequence parallel); allowed: a multiple of " +
-                      std::to_string(tp));
+      throw UserError(
+          std::string(s.key) + " = " + std::to_string(s.len) +
+          " does not split over parallelism.tensor_parallel_degree = " + std::to_string(tp) +
+          " (sequence parallel); allowed: a multiple of " + std::to_string(tp));
 }
 
 // Context parallelism: the balancer and exchange built, and sequences that split into the

@@ -593,41 +593,48 @@ void unsupported_torchtitan_options(std::vector<Option>& out) {
                        "torchtitan's JSON copy of the config (use --dump-config)");
   section("job").later("custom_config_module", std::string(""), "Python config modules",
                        "torchtitan's Python config extension");
-  section("profiling").later("enable_memory_snapshot", false, "CUDA memory snapshots",
-                             "torchtitan's CUDA caching-allocator snapshots");
+  section("profiling")
+      .later("enable_memory_snapshot", false, "CUDA memory snapshots",
+             "torchtitan's CUDA caching-allocator snapshots");
   section("metrics").later("enable_wandb", false, "Weights & Biases logging",
                            "torchtitan's wandb logger (metrics.jsonl and TensorBoard exist)");
   section("model").later("print_after_conversion", false, "printing the converted model",
                          "torchtitan's print of the model after its converters");
-  section("optimizer").later("early_step_in_backward", false,
-                             "stepping the optimizer inside backward",
-                             "torchtitan's per-parameter step during backward");
-  section("training").later("enable_cpu_offload", false, "CPU offload of FSDP state",
-                            "torchtitan's FSDP CPU offload of parameters and optimizer state");
-  section("parallelism").later("enable_compiled_autograd", false, "compiled autograd",
-                               "torchtitan v0.1's compiled autograd");
-  section("parallelism").later("disable_loss_parallel", false,
-                               "a loss on gathered logits under tensor parallelism",
-                               "torchtitan's switch off the vocabulary-parallel loss");
-  section("parallelism").later("pipeline_parallel_split_points", Strings{},
-                               "split points (use pipeline_parallel_layers_per_stage)",
-                               "torchtitan v0.1's explicit stage boundaries");
-  section("parallelism").later("expert_parallel_comm_backend", std::string("standard"),
-                               "the DeepEP all-to-all",
-                               "torchtitan's expert-parallel all-to-all: standard or deepep");
-  section("checkpoint").later("enable_first_step_checkpoint", false,
-                              "a checkpoint after the first step",
-                              "torchtitan's save right after step 1");
-  section("activation_checkpoint").later("early_stop", false, "early-stopped recomputation",
-                                         "torch.utils.checkpoint's early stop");
-  section("fault_tolerance").later("enable", false, "TorchFT fault tolerance",
-                                   "torchtitan's TorchFT integration");
-  section("experimental").later("custom_import", std::string(""), "importing Python modules",
-                                "torchtitan's import of a Python model module");
-  section("experimental").later("custom_args_module", std::string(""), "Python config modules",
-                                "torchtitan's deprecated Python config extension");
-  section("memory_estimation").later("enable", false, "torchtitan's FSDP memory estimator",
-                                     "use `titan-train estimate`");
+  section("optimizer")
+      .later("early_step_in_backward", false, "stepping the optimizer inside backward",
+             "torchtitan's per-parameter step during backward");
+  section("training")
+      .later("enable_cpu_offload", false, "CPU offload of FSDP state",
+             "torchtitan's FSDP CPU offload of parameters and optimizer state");
+  section("parallelism")
+      .later("enable_compiled_autograd", false, "compiled autograd",
+             "torchtitan v0.1's compiled autograd");
+  section("parallelism")
+      .later("disable_loss_parallel", false, "a loss on gathered logits under tensor parallelism",
+             "torchtitan's switch off the vocabulary-parallel loss");
+  section("parallelism")
+      .later("pipeline_parallel_split_points", Strings{},
+             "split points (use pipeline_parallel_layers_per_stage)",
+             "torchtitan v0.1's explicit stage boundaries");
+  section("parallelism")
+      .later("expert_parallel_comm_backend", std::string("standard"), "the DeepEP all-to-all",
+             "torchtitan's expert-parallel all-to-all: standard or deepep");
+  section("checkpoint")
+      .later("enable_first_step_checkpoint", false, "a checkpoint after the first step",
+             "torchtitan's save right after step 1");
+  section("activation_checkpoint")
+      .later("early_stop", false, "early-stopped recomputation",
+             "torch.utils.checkpoint's early stop");
+  section("fault_tolerance")
+      .later("enable", false, "TorchFT fault tolerance", "torchtitan's TorchFT integration");
+  section("experimental")
+      .later("custom_import", std::string(""), "importing Python modules",
+             "torchtitan's import of a Python model module");
+  section("experimental")
+      .later("custom_args_module", std::string(""), "Python config modules",
+             "torchtitan's deprecated Python config extension");
+  section("memory_estimation")
+      .later("enable", false, "torchtitan's FSDP memory estimator", "use `titan-train estimate`");
 }
 
 std::vector<Option> build_registry() {
@@ -655,9 +662,8 @@ std::vector<Option> build_registry() {
 // torchtitan (v0.1 and v0.2.2) keys that change nothing titan-train computes: Python-side
 // tuning (gc, dataloader workers, flight-recorder buffers, inductor) and sub-settings of
 // features whose switch is refused while on (memory snapshot folders, TorchFT details, MX
-// recipes: the mx converter is refused). v0.1's float8.force_recompute_fp8_weight_in_bwd is what titan-train's
-// float8 op always does. "x.*"
-// covers x and below.
+// recipes: the mx converter is refused). v0.1's float8.force_recompute_fp8_weight_in_bwd is what
+// titan-train's float8 op always does. "x.*" covers x and below.
 const std::vector<std::string> kIgnored = {
     "profiling.save_memory_snapshot_folder",
     "float8.force_recompute_fp8_weight_in_bwd",

@@ -159,8 +159,7 @@ TEST_CASE("checkpoint: SIGTERM finishes the step and saves and exits 0", "[check
 
 // Ctrl-C is a pre-emption like SIGTERM (README "Errors and exit status"): the step finishes,
 // a checkpoint is saved, exit 0. A second Ctrl-C during that save ends the process at once.
-TEST_CASE("checkpoint: SIGINT saves and exits 0; a second SIGINT aborts the save",
-          "[checkpoint]") {
+TEST_CASE("checkpoint: SIGINT saves and exits 0; a second SIGINT aborts the save", "[checkpoint]") {
   test::TempDir dir("sigint");
   const std::string args =
       "--training.steps 100000 --checkpoint.enable --checkpoint.interval 100000 "
@@ -178,12 +177,14 @@ TEST_CASE("checkpoint: SIGINT saves and exits 0; a second SIGINT aborts the save
   CHECK(Checkpointer::complete_steps(dir.file("a") + "/checkpoint").size() == 1);
 
   // Each save sleeps 3 s before its rename, so the second SIGINT lands inside it.
-  Proc twice =
-      spawn(args + dir.file("b") + " --debug.checkpoint_delay_ms 3000", dir.file("b.log"));
+  Proc twice = spawn(args + dir.file("b") + " --debug.checkpoint_delay_ms 3000", dir.file("b.log"));
   REQUIRE(started(dir.file("b")));
   ::kill(twice.pid, SIGINT);
-  REQUIRE(wait_for([&] { return test::read_file(dir.file("b.log")).find("received signal 2") !=
-                                std::string::npos; }, 60));
+  REQUIRE(wait_for(
+      [&] {
+        return test::read_file(dir.file("b.log")).find("received signal 2") != std::string::npos;
+      },
+      60));
   ::kill(twice.pid, SIGINT);
   CHECK(twice.wait() == 128 + SIGINT);
   CHECK(Checkpointer::complete_steps(dir.file("b") + "/checkpoint").empty());
@@ -307,7 +308,8 @@ TEST_CASE("checkpoint: resume trims metrics.jsonl; a checkpoint past the last st
   CHECK_THAT(again.out, Contains("at step 3") && Contains("dropped 3 rows after step 3"));
   size_t rows = 0;
   std::stringstream ss(test::read_file(dir.file("r") + "/metrics.jsonl"));
-  for (std::string line; std::getline(ss, line);) rows += line.find("\"loss\"") != std::string::npos;
+  for (std::string line; std::getline(ss, line);)
+    rows += line.find("\"loss\"") != std::string::npos;
   CHECK(rows == 6);
   CHECK(losses(dir.file("r")).size() == 6);
   auto past = test::run(cmd(args + "4"));
@@ -347,11 +349,12 @@ TEST_CASE("checkpoint: skipped and damaged newest checkpoints are named", "[chec
   {
     std::fstream f(root + "/step-5/rank-00000.safetensors",
                    std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(root + "/step-5/rank-00000.safetensors") / 2));
+    f.seekp(
+        static_cast<std::streamoff>(fs::file_size(root + "/step-5/rank-00000.safetensors") / 2));
     f.write("garbage!", 8);
   }
-  CHECK_THROWS_WITH(ck.load(st), Contains("rank-00000.safetensors") &&
-                                     Contains("checkpoint.load_step = 3"));
+  CHECK_THROWS_WITH(ck.load(st),
+                    Contains("rank-00000.safetensors") && Contains("checkpoint.load_step = 3"));
 }
 
 TEST_CASE("checkpoint: last_save_in_hf exports weights that initial_load_in_hf loads back",

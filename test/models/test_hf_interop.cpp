@@ -1077,8 +1077,7 @@ TEST_CASE("hf: model dispatch names the unsupported family and the allowed ones"
                                  user_error_of([&] { import_model_hf(l4, tmp.file("out")); })}) {
     INFO(msg);
     CHECK(msg.find("supported for model.name = llama3, deepseek_v3, qwen3, gpt_oss; found "
-                   "\"llama4\"") !=
-          std::string::npos);
+                   "\"llama4\"") != std::string::npos);
   }
   CHECK_FALSE(fs::exists(tmp.file("out")));
   // hf_tensors: llama3's parameters; deepseek_v3's plus one expert bias per MoE layer.
@@ -1378,12 +1377,13 @@ TEST_CASE("hf: a custom-dimension Llama folder imports from its config.json", "[
   CHECK_THAT(conv.out, Catch::Matchers::Contains("dim 96, 2 layers, 6 heads (2 KV), ffn 200") &&
                            Catch::Matchers::Contains("a custom flavor"));
   // Training from the folder with model.flavor = "hf:DIR".
-  auto run = test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " +
-                       test::binary() + " --config configs/llama3_debug.toml --model.flavor hf:" +
-                       dir + " --model.tokenizer_path bytes --training.steps 1 "
-                       "--training.local_batch_size 2 --training.seq_len 32 --validation.enable false "
-                       "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " + dir +
-                       " --job.dump_folder " + tmp.file("run"));
+  auto run =
+      test::run("cd " + test::source_dir() + " && env -u RANK -u WORLD_SIZE " + test::binary() +
+                " --config configs/llama3_debug.toml --model.flavor hf:" + dir +
+                " --model.tokenizer_path bytes --training.steps 1 "
+                "--training.local_batch_size 2 --training.seq_len 32 --validation.enable false "
+                "--checkpoint.initial_load_in_hf --checkpoint.initial_load_path " +
+                dir + " --job.dump_folder " + tmp.file("run"));
   INFO(run.out);
   CHECK(run.rc == 0);
   CHECK_THAT(run.out, Catch::Matchers::Contains("a custom flavor") &&
